@@ -1,0 +1,88 @@
+//===- GroupBodyLowering.h - Shared lowering of group bodies ----*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// The part of the lowering that the CPU and GPU back ends share: the
+/// kernel prologue (hyper-parameters, step count, powi) and the mapping of a
+/// `flashopt.group_body` onto W vector lanes with predicated tails. The CPU
+/// maps a whole group onto one vector (W = G); the GPU maps it onto G/W
+/// threads of W elements each and combines `flashopt.group_max` across them
+/// with a butterfly of shuffles. Because both use this code, CPU tests
+/// exercise the same index, predication and decode/encode code the GPU runs.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_CONVERSION_GROUPBODYLOWERING_H
+#define FLASHOPT_CONVERSION_GROUPBODYLOWERING_H
+
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+
+#include <functional>
+
+namespace mlir::flashopt {
+
+/// How a worker's accesses are predicated.
+enum class Predication {
+  /// Every element of the worker is valid: plain vector accesses.
+  None,
+  /// Masked accesses (the partial last group of a tensor on the CPU).
+  Masked,
+  /// Per access: a plain vector access when all of the worker's elements are
+  /// valid, a masked one otherwise. Control flow stays around accesses only,
+  /// so every lane reaches every cross-lane operation (the GPU).
+  PerAccess,
+};
+
+/// Everything the group-body lowering needs to know about one worker.
+struct GroupBodyEnv {
+  /// Elements per worker (the width of every memory access).
+  int64_t width = 0;
+  /// Index of the worker's first element in the tensor (index type).
+  Value elementIndex;
+  /// Tensor-local group index (index type).
+  Value groupIndex;
+  /// Number of elements of the tensor (index type).
+  Value numElements;
+  /// Emits (or returns) the byte address (i64) of the tensor's buffer
+  /// `buffer` at the builder's insertion point. The GPU reloads addresses
+  /// from the (cached) tensor table at each access rather than keeping
+  /// 64-bit values live across the body; the CPU computes them once.
+  std::function<Value(OpBuilder &, Location, int64_t)> baseAddress;
+  /// Whether the worker has work at all (i1), or null for always.
+  Value active;
+  /// Whether this worker stores per-group values (i1), or null for always.
+  Value isGroupLeader;
+  /// How accesses are predicated.
+  Predication predication = Predication::None;
+  /// Largest alignment (bytes) that accesses may assume; the actual
+  /// alignment is min(this, width * element size).
+  int64_t maxAlignment = 0;
+  /// Combines a worker's partial maximum with the other workers of its
+  /// group (GPU butterfly); null when a worker holds the whole group.
+  std::function<Value(OpBuilder &, Location, Value)> combineAcrossWorkers;
+};
+
+/// Emits the kernel prologue (every op before the group body) at `b`:
+/// `flashopt.hyper` loads from the f32 table at byte address `hyperBase`,
+/// `flashopt.step_count` is `step`, `flashopt.powi` becomes a loop. Results
+/// are recorded in `mapping`.
+void emitPrologue(OpBuilder &b, KernelOp kernel, Value hyperBase, Value step,
+                  IRMapping &mapping);
+
+/// Emits the group body of `kernel` for one worker described by `env`;
+/// `mapping` holds the prologue values.
+LogicalResult emitGroupBody(OpBuilder &b, KernelOp kernel,
+                            const GroupBodyEnv &env, const IRMapping &mapping);
+
+/// Emits `flashopt.raw_load` of an i64 at `base[index]` (index type).
+Value loadI64(OpBuilder &b, Location loc, Value base, Value index);
+
+} // namespace mlir::flashopt
+
+#endif // FLASHOPT_CONVERSION_GROUPBODYLOWERING_H

@@ -1,0 +1,78 @@
+//===- Passes.h - flashopt conversion passes --------------------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// The lowering passes from flashopt kernel IR to the CPU and GPU targets,
+/// and the named pipelines that flashopt-gen runs.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_CONVERSION_PASSES_H
+#define FLASHOPT_CONVERSION_PASSES_H
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/Pass.h"
+#include "mlir/Pass/PassOptions.h"
+
+namespace mlir {
+namespace LLVM {
+class LLVMDialect;
+} // namespace LLVM
+namespace NVVM {
+class NVVMDialect;
+} // namespace NVVM
+namespace gpu {
+class GPUDialect;
+class GPUModuleOp;
+} // namespace gpu
+namespace func {
+class FuncDialect;
+} // namespace func
+namespace scf {
+class SCFDialect;
+} // namespace scf
+namespace vector {
+class VectorDialect;
+} // namespace vector
+} // namespace mlir
+
+namespace mlir::flashopt {
+
+#define GEN_PASS_DECL
+#include "flashopt/Conversion/Passes.h.inc"
+
+#define GEN_PASS_REGISTRATION
+#include "flashopt/Conversion/Passes.h.inc"
+
+/// Adds flashopt-cpu-pipeline: flashopt.optimizer → LLVM dialect
+/// (flashopt-expand-encodings, flashopt-to-cpu, then buildCPULLVMPipeline).
+void buildCPUPipeline(OpPassManager &pm);
+
+/// Adds the part of the CPU pipeline after flashopt-to-cpu: cleanup,
+/// scf → cf, bf16 expansion, flashopt-convert-to-llvm.
+void buildCPULLVMPipeline(OpPassManager &pm);
+
+/// Options of the GPU pipeline.
+struct GPUPipelineOptions {
+  std::string chip = "sm_90";
+  /// Bytes of the widest per-element stream per thread access; 0 = chosen
+  /// per kernel (see flashopt-to-gpu).
+  int64_t bytesPerThread = 0;
+  bool ftz = false;
+  bool tritonCompat = false;
+};
+
+/// Adds flashopt-gpu-pipeline: flashopt.optimizer → gpu.module with NVVM
+/// target attached, lowered to the LLVM/NVVM dialects (ready for
+/// serialization to PTX).
+void buildGPUPipeline(OpPassManager &pm, const GPUPipelineOptions &options);
+
+/// Registers the named pipelines (flashopt-cpu-pipeline, ...).
+void registerFlashOptPipelines();
+
+} // namespace mlir::flashopt
+
+#endif // FLASHOPT_CONVERSION_PASSES_H

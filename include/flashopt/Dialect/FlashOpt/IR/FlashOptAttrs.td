@@ -1,0 +1,158 @@
+//===- FlashOptAttrs.td - flashopt encoding attributes -----*- tablegen -*-===//
+//
+// Part of flashopt. Attributes that say how a value is stored.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_ATTRS_TD
+#define FLASHOPT_ATTRS_TD
+
+include "flashopt/Dialect/FlashOpt/IR/FlashOptDialect.td"
+include "mlir/IR/EnumAttr.td"
+include "mlir/IR/BuiltinAttributeInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Enums
+//===----------------------------------------------------------------------===//
+
+def FlashOpt_CompanderNone : I32EnumAttrCase<"none", 0>;
+def FlashOpt_CompanderSoftsign : I32EnumAttrCase<"softsign", 1>;
+def FlashOpt_CompanderSqrt : I32EnumAttrCase<"sqrt", 2>;
+def FlashOpt_Compander : I32EnumAttr<"Compander",
+    "companding function applied before 8-bit quantization",
+    [FlashOpt_CompanderNone, FlashOpt_CompanderSoftsign, FlashOpt_CompanderSqrt]> {
+  let cppNamespace = "::mlir::flashopt";
+  let genSpecializedAttr = 0;
+}
+
+def FlashOpt_RateElement : I32EnumAttrCase<"element", 0>;
+def FlashOpt_RateGroup : I32EnumAttrCase<"group", 1>;
+def FlashOpt_BufferRate : I32EnumAttr<"BufferRate",
+    "whether a kernel buffer holds one value per element or per group",
+    [FlashOpt_RateElement, FlashOpt_RateGroup]> {
+  let cppNamespace = "::mlir::flashopt";
+  let genSpecializedAttr = 0;
+}
+
+def FlashOpt_AccessRead : I32EnumAttrCase<"read", 0>;
+def FlashOpt_AccessReadWrite : I32EnumAttrCase<"readwrite", 1>;
+def FlashOpt_BufferAccess : I32EnumAttr<"BufferAccess",
+    "whether a kernel reads or reads and writes a buffer",
+    [FlashOpt_AccessRead, FlashOpt_AccessReadWrite]> {
+  let cppNamespace = "::mlir::flashopt";
+  let genSpecializedAttr = 0;
+}
+
+//===----------------------------------------------------------------------===//
+// Attributes
+//===----------------------------------------------------------------------===//
+
+class FlashOpt_Attr<string name, string attrMnemonic, list<Trait> traits = []>
+    : AttrDef<FlashOpt_Dialect, name, traits> {
+  let mnemonic = attrMnemonic;
+}
+
+def FlashOpt_MasterAttr : FlashOpt_Attr<"Master", "master"> {
+  let summary = "How the master weight is stored: a parameter plus a correction";
+  let description = [{
+    The parameter dtype (`bf16`, `f16` or `f32`) and an optional correction
+    term (`i8` for 24-bit master weights, `i16` for 32-bit ones) holding the
+    ULP-normalized rounding error of the parameter (FlashOptim §3.1). `f32`
+    parameters take no correction.
+
+    ```mlir
+    #flashopt.master<bf16, correction = i8>
+    #flashopt.master<f32>
+    ```
+  }];
+  let parameters = (ins "::mlir::Type":$paramType,
+                        OptionalParameter<"::mlir::Type">:$correction);
+  let assemblyFormat = "`<` $paramType (`,` `correction` `=` $correction^)? `>`";
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// Whether a correction term is stored.
+    bool hasCorrection() const { return static_cast<bool>(getCorrection()); }
+  }];
+}
+
+def FlashOpt_QuantAttr : FlashOpt_Attr<"Quant", "quant"> {
+  let summary = "An 8-bit companded state with one scale per group";
+  let description = [{
+    Codes in `i8` (signed, 127 levels each side) or `ui8` (unsigned, 255
+    levels), one scale per group of `group` elements (a power of two in
+    [16, 128]) stored as `f16`, `bf16` or `f32`, and a compander applied
+    before quantization: `softsign` (2x/(1+|x|), signed only), `sqrt`
+    (unsigned only) or `none`.
+
+    ```mlir
+    #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
+    #flashopt.quant<ui8, group = 32, compand = sqrt, scale = f16>
+    ```
+  }];
+  let parameters = (ins "::mlir::Type":$storage, "int64_t":$group,
+                        EnumParameter<FlashOpt_Compander>:$compand,
+                        "::mlir::Type":$scale);
+  let assemblyFormat = [{
+    `<` $storage `,` `group` `=` $group `,` `compand` `=` $compand `,`
+        `scale` `=` $scale `>`
+  }];
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// Whether the codes are signed (i8).
+    bool isSigned() const;
+    /// The largest code magnitude: 127 (i8) or 255 (ui8).
+    int64_t getMaxCode() const { return isSigned() ? 127 : 255; }
+  }];
+}
+
+def FlashOpt_PlainAttr : FlashOpt_Attr<"Plain", "plain"> {
+  let summary = "A state stored as plain floats";
+  let description = [{
+    The state is stored element by element as `f32`, `bf16` or `f16`
+    (round-to-nearest-even when narrower than f32).
+
+    ```mlir
+    #flashopt.plain<f32>
+    ```
+  }];
+  let parameters = (ins "::mlir::Type":$storage);
+  let assemblyFormat = "`<` $storage `>`";
+  let genVerifyDecl = 1;
+}
+
+def FlashOpt_ElidedAttr : FlashOpt_Attr<"Elided", "elided"> {
+  let summary = "A state that is not stored at all";
+  let description = [{
+    The state reads as 0.0 on every step and its new value is discarded.
+    Only a state declared `elidable("hyper")` may be elided, and the runtime
+    then requires that hyper-parameter to be 0 (SGD without momentum).
+
+    ```mlir
+    #flashopt.elided
+    ```
+  }];
+}
+
+def FlashOpt_BufferAttr : FlashOpt_Attr<"Buffer", "buffer"> {
+  let summary = "One buffer of a kernel's per-tensor ABI";
+  let description = [{
+    A named buffer that every tensor of a kernel has: its element type, whether
+    it holds one value per element or per group, and whether the kernel writes
+    it. The order of a kernel's buffers is its ABI (docs/KERNEL-ABI.md).
+
+    ```mlir
+    #flashopt.buffer<"exp_avg.scales", f16, group, readwrite>
+    ```
+  }];
+  let parameters = (ins StringRefParameter<"buffer name">:$name,
+                        "::mlir::Type":$elementType,
+                        EnumParameter<FlashOpt_BufferRate>:$rate,
+                        EnumParameter<FlashOpt_BufferAccess>:$access);
+  let assemblyFormat = "`<` $name `,` $elementType `,` $rate `,` $access `>`";
+  let genVerifyDecl = 1;
+}
+
+def FlashOpt_StateEncodingAttr : AnyAttrOf<[FlashOpt_QuantAttr, FlashOpt_PlainAttr,
+                                            FlashOpt_ElidedAttr]>;
+
+#endif // FLASHOPT_ATTRS_TD

@@ -1,0 +1,44 @@
+//===- FlashOptDialect.h - flashopt dialect ---------------------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// The flashopt dialect, its enums and its encoding attributes.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_DIALECT_FLASHOPT_IR_FLASHOPTDIALECT_H
+#define FLASHOPT_DIALECT_FLASHOPT_IR_FLASHOPTDIALECT_H
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Dialect.h"
+
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptDialect.h.inc"
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptEnums.h.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptAttrs.h.inc"
+
+namespace mlir::flashopt {
+
+/// Whether `t` is a parameter or plain-state float type (f32, bf16, f16).
+bool isStorageFloatType(Type t);
+
+/// The short name flashopt uses for a storage type in specs and manifests
+/// ("bf16", "f16", "f32", "i8", "ui8", "i16"), or "" for anything else.
+std::string storageTypeName(Type t);
+
+/// Parses a storage type name ("bf16", ..., "ui8"); null on failure.
+Type parseStorageTypeName(MLIRContext *ctx, llvm::StringRef name);
+
+/// Size in bytes of a storage type (1, 2 or 4).
+int64_t storageTypeBytes(Type t);
+
+} // namespace mlir::flashopt
+
+#endif // FLASHOPT_DIALECT_FLASHOPT_IR_FLASHOPTDIALECT_H

@@ -1,0 +1,361 @@
+//===- FlashOptOps.td - flashopt operations ----------------*- tablegen -*-===//
+//
+// Part of flashopt. Two layers of operations: the optimizer description
+// (optimizer, hyper, state, update) and the target-neutral kernel IR that
+// flashopt-expand-encodings produces (kernel, group_body, element and group
+// loads and stores, group_max), plus the address-based memory operations that
+// the back ends emit (raw_load, raw_store).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_OPS_TD
+#define FLASHOPT_OPS_TD
+
+include "flashopt/Dialect/FlashOpt/IR/FlashOptDialect.td"
+include "flashopt/Dialect/FlashOpt/IR/FlashOptAttrs.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/OpAsmInterface.td"
+include "mlir/IR/RegionKindInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/ControlFlowInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+//===----------------------------------------------------------------------===//
+// Optimizer description
+//===----------------------------------------------------------------------===//
+
+def FlashOpt_OptimizerOp : FlashOpt_Op<"optimizer", [
+    Symbol, IsolatedFromAbove, NoTerminator, SingleBlock,
+    NoRegionArguments]> {
+  let summary = "An optimizer: hyper-parameters, states, encodings and rule";
+  let description = [{
+    Defines one optimizer. The body holds, in any order: `flashopt.hyper`
+    declarations, per-step scalar math on them (`arith`, `math`,
+    `flashopt.step_count`, `flashopt.powi`), one `flashopt.state` per state,
+    and exactly one `flashopt.update` whose region computes the new master
+    weight and states of one element in f32. `param` says how the master
+    weight is stored, `grad` the gradient dtype.
+
+    ```mlir
+    flashopt.optimizer @sgd param(#flashopt.master<bf16, correction = i8>) grad(bf16) {
+      %lr = flashopt.hyper "lr" default(1.000000e-03 : f32) : f32
+      flashopt.update(%theta: f32, %g: f32) {
+        %d = arith.mulf %g, %lr : f32
+        %t = arith.subf %theta, %d : f32
+        flashopt.yield %t : f32
+      }
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, FlashOpt_MasterAttr:$param,
+                       TypeAttr:$grad);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    $sym_name `param` `(` qualified($param) `)` `grad` `(` $grad `)`
+    attr-dict-with-keyword $body
+  }];
+  let hasVerifier = 1;
+  let hasRegionVerifier = 1;
+}
+
+def FlashOpt_HyperOp : FlashOpt_Op<"hyper", [
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "A named f32 hyper-parameter, set per parameter group";
+  let description = [{
+    Declares a hyper-parameter of the enclosing optimizer or kernel and
+    yields its value for the current parameter group. A declaration without
+    `default` must be set by the user. Booleans are 0.0 / 1.0.
+
+    ```mlir
+    %beta1 = flashopt.hyper "beta1" default(0.9 : f32) : f32
+    ```
+  }];
+  let arguments = (ins StrAttr:$name, OptionalAttr<F32Attr>:$default_value);
+  let results = (outs F32:$result);
+  let assemblyFormat = [{
+    $name (`default` `(` $default_value^ `)`)? attr-dict `:` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def FlashOpt_StepCountOp : FlashOpt_Op<"step_count", [Pure,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "The 1-based number of the step being taken";
+  let description = [{
+    ```mlir
+    %t = flashopt.step_count : i64
+    ```
+  }];
+  let results = (outs I64:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def FlashOpt_PowIOp : FlashOpt_Op<"powi", [Pure]> {
+  let summary = "f32 power with a non-negative integer exponent";
+  let description = [{
+    `base` raised to `exponent` by binary exponentiation in f32, in exactly
+    this order of roundings (docs/NUMERICS.md §3):
+    `r = 1; b = base; while (n) { if (n & 1) r = r * b; b = b * b; n >>= 1; }`.
+    Used for bias corrections.
+
+    ```mlir
+    %p = flashopt.powi %beta1, %t : f32, i64
+    ```
+  }];
+  let arguments = (ins F32:$base, I64:$exponent);
+  let results = (outs F32:$result);
+  let assemblyFormat = "$base `,` $exponent attr-dict `:` type($base) `,` type($exponent)";
+}
+
+def FlashOpt_StateOp : FlashOpt_Op<"state", [HasParent<"OptimizerOp">]> {
+  let summary = "An optimizer state and its storage encoding";
+  let description = [{
+    Declares a per-element state of the optimizer. States are passed to the
+    update rule in declaration order, after the master weight and the
+    gradient. The encoding is `#flashopt.quant<...>`, `#flashopt.plain<...>`
+    or `#flashopt.elided` (only for states marked `elidable(hyper)`: such a
+    state may be dropped when that hyper-parameter is 0).
+
+    ```mlir
+    flashopt.state "exp_avg" : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
+    flashopt.state "momentum_buffer" elidable("momentum") : #flashopt.plain<f32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name, OptionalAttr<StrAttr>:$elidable,
+                       FlashOpt_StateEncodingAttr:$encoding);
+  let assemblyFormat = [{
+    $name (`elidable` `(` $elidable^ `)`)? `:` $encoding attr-dict
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// Whether the state is not stored.
+    bool isElided() { return ::llvm::isa<ElidedAttr>(getEncoding()); }
+  }];
+}
+
+def FlashOpt_UpdateOp : FlashOpt_Op<"update", [
+    HasParent<"OptimizerOp">, SingleBlockImplicitTerminator<"YieldOp">,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmBlockArgumentNames"]>]> {
+  let summary = "The update rule of one element, in f32";
+  let description = [{
+    The region's arguments are the decoded master weight, the gradient and
+    the decoded states (in declaration order), all f32. It yields the new
+    master weight and the new states. Only `arith` and `math` operations on
+    f32/i1/integer scalars may appear; they may use the hyper-parameters and
+    per-step scalars of the enclosing optimizer. The order of operations is
+    the numerics contract: nothing is reassociated or contracted.
+
+    ```mlir
+    flashopt.update(%theta: f32, %g: f32, %m: f32) {
+      %m1 = arith.mulf %m, %beta : f32
+      ...
+      flashopt.yield %theta1, %m2 : f32, f32
+    }
+    ```
+  }];
+  let regions = (region SizedRegion<1>:$body);
+  let hasCustomAssemblyFormat = 1;
+  let hasRegionVerifier = 1;
+}
+
+def FlashOpt_YieldOp : FlashOpt_Op<"yield", [
+    Pure, Terminator, ReturnLike, HasParent<"UpdateOp">]> {
+  let summary = "Yields the new master weight and states of an update rule";
+  let description = [{
+    ```mlir
+    flashopt.yield %theta_new, %m_new : f32, f32
+    ```
+  }];
+  let arguments = (ins Variadic<F32>:$values);
+  let builders = [OpBuilder<(ins), [{ /* nothing */ }]>];
+  let assemblyFormat = "($values^ `:` type($values))? attr-dict";
+}
+
+//===----------------------------------------------------------------------===//
+// Kernel IR (target-neutral)
+//===----------------------------------------------------------------------===//
+
+def FlashOpt_KernelOp : FlashOpt_Op<"kernel", [
+    Symbol, IsolatedFromAbove, NoTerminator, SingleBlock, NoRegionArguments]> {
+  let summary = "A target-neutral optimizer step kernel";
+  let description = [{
+    The output of `flashopt-expand-encodings`. `buffers` lists the per-tensor
+    buffers in ABI order, `hypers` the hyper-parameter table columns. The
+    body is a prologue of per-tensor scalar math (hyper-parameters, step
+    count, powi, arith) followed by exactly one `flashopt.group_body`, whose
+    scalar code runs for every element of every group of `group_size`
+    elements. Back ends map the group body onto vector lanes
+    (flashopt-to-cpu, flashopt-to-gpu).
+
+    ```mlir
+    flashopt.kernel @sgd_f32 group_size(32)
+        buffers([#flashopt.buffer<"param", f32, element, readwrite>,
+                 #flashopt.buffer<"grad", f32, element, read>])
+        hypers(["lr"]) {
+      %lr = flashopt.hyper "lr" default(1.000000e-03 : f32) : f32
+      flashopt.group_body {
+        %p = flashopt.load_element 0 : f32
+        %g = flashopt.load_element 1 : f32
+        %d = arith.mulf %g, %lr : f32
+        %n = arith.subf %p, %d : f32
+        flashopt.store_element 0, %n : f32
+      }
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, I64Attr:$group_size,
+                       TypedArrayAttrBase<FlashOpt_BufferAttr, "kernel buffers">:$buffers,
+                       StrArrayAttr:$hypers);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    $sym_name `group_size` `(` $group_size `)` `buffers` `(` $buffers `)`
+    `hypers` `(` $hypers `)` attr-dict-with-keyword $body
+  }];
+  let hasVerifier = 1;
+  let hasRegionVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The buffer attribute at `index`.
+    BufferAttr getBuffer(int64_t index) {
+      return ::llvm::cast<BufferAttr>(getBuffers()[index]);
+    }
+    /// Index of a hyper-parameter in the hyper table, or -1.
+    int64_t getHyperIndex(::llvm::StringRef name);
+  }];
+}
+
+def FlashOpt_GroupBodyOp : FlashOpt_Op<"group_body", [
+    HasParent<"KernelOp">, NoTerminator, SingleBlock, NoRegionArguments]> {
+  let summary = "Scalar code run for every element of every group";
+  let description = [{
+    Values computed here are per element, except those derived only from
+    `flashopt.group_max`, `flashopt.load_group` and values defined outside
+    the body: those are uniform across the group. Elements past the end of a
+    tensor read as zero, take no part in `flashopt.group_max` and are not
+    stored.
+
+    ```mlir
+    flashopt.group_body {
+      %x = flashopt.load_element 3 : f32
+      %a = math.absf %x : f32
+      %m = flashopt.group_max %a : f32
+      flashopt.store_group 4, %m : f32
+    }
+    ```
+  }];
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "attr-dict-with-keyword $body";
+}
+
+class FlashOpt_BufferAccessOp<string mnemonic, list<Trait> traits = []>
+    : FlashOpt_Op<mnemonic, !listconcat(traits, [HasParent<"GroupBodyOp">])> {
+  let hasVerifier = 1;
+}
+
+def FlashOpt_LoadElementOp : FlashOpt_BufferAccessOp<"load_element"> {
+  let summary = "Loads this element of a per-element buffer";
+  let description = [{
+    ```mlir
+    %p = flashopt.load_element 0 : bf16
+    ```
+  }];
+  let arguments = (ins I64Attr:$buffer);
+  let results = (outs AnyType:$result);
+  let assemblyFormat = "$buffer attr-dict `:` type($result)";
+}
+
+def FlashOpt_StoreElementOp : FlashOpt_BufferAccessOp<"store_element"> {
+  let summary = "Stores this element of a per-element buffer";
+  let description = [{
+    ```mlir
+    flashopt.store_element 0, %p : bf16
+    ```
+  }];
+  let arguments = (ins I64Attr:$buffer, AnyType:$value);
+  let assemblyFormat = "$buffer `,` $value attr-dict `:` type($value)";
+}
+
+def FlashOpt_LoadGroupOp : FlashOpt_BufferAccessOp<"load_group"> {
+  let summary = "Loads this group's value of a per-group buffer";
+  let description = [{
+    ```mlir
+    %s = flashopt.load_group 4 : f16
+    ```
+  }];
+  let arguments = (ins I64Attr:$buffer);
+  let results = (outs AnyType:$result);
+  let assemblyFormat = "$buffer attr-dict `:` type($result)";
+}
+
+def FlashOpt_StoreGroupOp : FlashOpt_BufferAccessOp<"store_group"> {
+  let summary = "Stores this group's value of a per-group buffer";
+  let description = [{
+    The value must be uniform across the group.
+
+    ```mlir
+    flashopt.store_group 4, %s : f16
+    ```
+  }];
+  let arguments = (ins I64Attr:$buffer, AnyType:$value);
+  let assemblyFormat = "$buffer `,` $value attr-dict `:` type($value)";
+}
+
+def FlashOpt_GroupMaxOp : FlashOpt_Op<"group_max", [Pure, SameOperandsAndResultType, HasParent<"GroupBodyOp">]> {
+  let summary = "NaN-propagating maximum over the valid elements of the group";
+  let description = [{
+    The result is uniform across the group. Max is order-independent, so
+    every back end's reduction tree gives the same bits.
+
+    ```mlir
+    %amax = flashopt.group_max %abs : f32
+    ```
+  }];
+  let arguments = (ins F32:$value);
+  let results = (outs F32:$result);
+  let assemblyFormat = "$value attr-dict `:` type($value)";
+}
+
+//===----------------------------------------------------------------------===//
+// Address-based memory operations (back-end IR)
+//===----------------------------------------------------------------------===//
+
+def FlashOpt_RawLoadOp : FlashOpt_Op<"raw_load", [
+    MemoryEffects<[MemRead]>]> {
+  let summary = "Loads a scalar or vector from a byte address plus an element index";
+  let description = [{
+    Loads from `base + index * sizeof(element)`, `base` being an i64 byte
+    address. With a `mask`, masked-off vector lanes are not read and yield
+    zero. `alignment` is the byte alignment the access may assume.
+
+    ```mlir
+    %v = flashopt.raw_load %base[%i] {alignment = 16} : vector<8xbf16>
+    %w = flashopt.raw_load %base[%i] mask(%m) {alignment = 2} : vector<8xbf16>
+    ```
+  }];
+  let arguments = (ins I64:$base, Index:$index, Optional<VectorOfRankAndType<[1], [I1]>>:$mask,
+                       DefaultValuedAttr<I64Attr, "1">:$alignment);
+  let results = (outs AnyType:$result);
+  let assemblyFormat = [{
+    $base `[` $index `]` (`mask` `(` $mask^ `:` type($mask) `)`)? attr-dict `:` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def FlashOpt_RawStoreOp : FlashOpt_Op<"raw_store", [
+    MemoryEffects<[MemWrite]>]> {
+  let summary = "Stores a scalar or vector to a byte address plus an element index";
+  let description = [{
+    ```mlir
+    flashopt.raw_store %v, %base[%i] {alignment = 16} : vector<8xbf16>
+    ```
+  }];
+  let arguments = (ins AnyType:$value, I64:$base, Index:$index,
+                       Optional<VectorOfRankAndType<[1], [I1]>>:$mask,
+                       DefaultValuedAttr<I64Attr, "1">:$alignment);
+  let assemblyFormat = [{
+    $value `,` $base `[` $index `]` (`mask` `(` $mask^ `:` type($mask) `)`)? attr-dict `:` type($value)
+  }];
+  let hasVerifier = 1;
+}
+
+#endif // FLASHOPT_OPS_TD

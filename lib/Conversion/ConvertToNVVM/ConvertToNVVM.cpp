@@ -1,0 +1,124 @@
+//===- ConvertToNVVM.cpp - flashopt-convert-to-nvvm ------------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// flashopt's own GPU → NVVM conversion (the IREE pattern): it reuses the
+/// upstream populate functions but gives the math → LLVM-intrinsic patterns
+/// priority over the libdevice fallbacks of convert-gpu-to-nvvm, so the PTX
+/// has IEEE sqrt.rn/div.rn and no __nv_* calls. This is one of the few
+/// translation units that include the NVVM dialect headers.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/Conversion/Passes.h"
+#include "flashopt/Conversion/RawMemoryToLLVM.h"
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
+
+#include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
+#include "mlir/Conversion/ControlFlowToLLVM/ControlFlowToLLVM.h"
+#include "mlir/Conversion/FuncToLLVM/ConvertFuncToLLVM.h"
+#include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
+#include "mlir/Conversion/LLVMCommon/ConversionTarget.h"
+#include "mlir/Conversion/LLVMCommon/TypeConverter.h"
+#include "mlir/Conversion/MathToLLVM/MathToLLVM.h"
+#include "mlir/Conversion/UBToLLVM/UBToLLVM.h"
+#include "mlir/Conversion/VectorToLLVM/ConvertVectorToLLVM.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Interfaces/DataLayoutInterfaces.h"
+#include "mlir/Transforms/DialectConversion.h"
+
+namespace mlir::flashopt {
+#define GEN_PASS_DEF_FLASHOPTCONVERTTONVVM
+#include "flashopt/Conversion/Passes.h.inc"
+} // namespace mlir::flashopt
+
+using namespace mlir;
+using namespace mlir::flashopt;
+
+namespace {
+
+/// Triton-compatible arithmetic: FMA contraction everywhere, approximate
+/// square roots. (Approximate division is a code-generation option,
+/// -nvptx-prec-divf32=1, that flashopt-gen sets with --triton-compat.)
+void applyTritonCompatFlags(gpu::GPUModuleOp module) {
+  module.walk([](Operation *op) {
+    auto fmf = dyn_cast<arith::ArithFastMathInterface>(op);
+    if (!fmf)
+      return;
+    arith::FastMathFlags flags = arith::FastMathFlags::contract;
+    if (isa<math::SqrtOp>(op))
+      flags = flags | arith::FastMathFlags::afn;
+    op->setAttr(fmf.getFastMathAttrName(),
+                arith::FastMathFlagsAttr::get(op->getContext(), flags));
+  });
+}
+
+struct FlashOptConvertToNVVMPass
+    : mlir::flashopt::impl::FlashOptConvertToNVVMBase<
+          FlashOptConvertToNVVMPass> {
+  using FlashOptConvertToNVVMBase::FlashOptConvertToNVVMBase;
+
+  void runOnOperation() override {
+    gpu::GPUModuleOp module = getOperation();
+    MLIRContext *ctx = &getContext();
+    if (tritonCompat)
+      applyTritonCompatFlags(module);
+
+    LowerToLLVMOptions options(
+        ctx, DataLayout(cast<DataLayoutOpInterface>(module.getOperation())));
+    // 32-bit index arithmetic: a table record covers < 2^31 elements (the
+    // runtime splits larger tensors), and 64-bit indices would double the
+    // registers of every index; addresses stay 64-bit.
+    options.overrideIndexBitwidth(32);
+    LLVMTypeConverter converter(ctx, options);
+    configureGpuToNVVMTypeConverter(converter);
+
+    RewritePatternSet patterns(ctx);
+    // Math → llvm.intr.* wins over the libdevice fallbacks below.
+    populateMathToLLVMConversionPatterns(converter, patterns,
+                                         /*approximateLog1p=*/true,
+                                         /*benefit=*/10);
+    populateRawMemoryToLLVMPatterns(converter, patterns, /*addressSpace=*/1,
+                                    /*bf16AsInt=*/false);
+    arith::populateArithToLLVMConversionPatterns(converter, patterns);
+    cf::populateControlFlowToLLVMConversionPatterns(converter, patterns);
+    populateVectorToLLVMConversionPatterns(converter, patterns);
+    populateFuncToLLVMConversionPatterns(converter, patterns);
+    ub::populateUBToLLVMConversionPatterns(converter, patterns);
+    // gpu.func, thread ids and shuffles have no competitor at benefit 0;
+    // the libdevice patterns in this set lose against the ones above.
+    populateGpuToNVVMConversionPatterns(converter, patterns, /*benefit=*/0);
+
+    LLVMConversionTarget target(*ctx);
+    configureGpuToNVVMConversionLegality(target);
+    // Undo the NVVM legality's ban on the intrinsics we want.
+    target.addLegalOp<LLVM::SqrtOp, LLVM::FAbsOp, LLVM::FFloorOp,
+                      LLVM::FCeilOp, LLVM::RoundEvenOp, LLVM::MaxNumOp,
+                      LLVM::MinNumOp, LLVM::MaximumOp, LLVM::MinimumOp,
+                      LLVM::FMAOp, LLVM::CopySignOp>();
+    if (failed(applyPartialConversion(module, target, std::move(patterns))))
+      return signalPassFailure();
+
+    module.walk([&](LLVM::LLVMFuncOp fn) {
+      if (!fn->hasAttr(NVVM::NVVMDialect::getKernelFuncAttrName()))
+        return;
+      // A register budget: without one ptxas may trade spills for
+      // occupancy on its own (48 registers and a 4-byte spill for AdamW on
+      // sm_90 instead of 56 and none).
+      if (maxRegisters > 0)
+        fn->setAttr(NVVM::NVVMDialect::getMaxnregAttrName(),
+                    IntegerAttr::get(IntegerType::get(ctx, 32), maxRegisters));
+      if (ftz)
+        fn.setDenormalFpMathF32Attr(StringAttr::get(ctx, "preserve-sign"));
+    });
+  }
+};
+
+} // namespace

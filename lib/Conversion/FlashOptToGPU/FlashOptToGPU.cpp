@@ -1,0 +1,253 @@
+//===- FlashOptToGPU.cpp - flashopt-to-gpu ---------------------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// Lowers each `flashopt.kernel` to a `gpu.func` in a `gpu.module` of its
+/// own, with the kernel ABI of docs/KERNEL-ABI.md. Each thread moves 16
+/// bytes of the widest per-element stream (W elements); a group of G
+/// elements spans G/W consecutive lanes of a warp, so the group absmax is a
+/// log2(G/W)-step xor butterfly. Blocks of 256 threads walk the global group
+/// range with a warp-uniform grid-stride loop; every lane of a warp runs
+/// every iteration (inactive lanes predicated), so all 32 lanes reach every
+/// shuffle. One launch covers every tensor of the table (multi-tensor):
+/// each group finds its tensor by a binary search of the table.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/Conversion/GroupBodyLowering.h"
+#include "flashopt/Conversion/Passes.h"
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+namespace mlir::flashopt {
+#define GEN_PASS_DEF_FLASHOPTTOGPU
+#include "flashopt/Conversion/Passes.h.inc"
+} // namespace mlir::flashopt
+
+using namespace mlir;
+using namespace mlir::flashopt;
+
+namespace {
+
+constexpr int64_t kHeaderWords = 4;
+constexpr int64_t kWarpSize = 32;
+/// Elements per thread times divisions + square roots per element that fit
+/// in 64 registers with room to spare.
+constexpr int64_t kHeavyBudget = 24;
+/// The fewest elements per thread the access width is reduced to.
+constexpr int64_t kMinElementsPerThread = 4;
+
+/// Elements per thread: `bytes` bytes of the widest per-element buffer.
+int64_t elementsPerThread(KernelOp kernel, int64_t bytes) {
+  int64_t widest = 1;
+  for (Attribute a : kernel.getBuffers()) {
+    auto b = cast<BufferAttr>(a);
+    if (b.getRate() == BufferRate::element)
+      widest = std::max<int64_t>(
+          widest, (b.getElementType().getIntOrFloatBitWidth() + 7) / 8);
+  }
+  return std::max<int64_t>(1, bytes / widest);
+}
+
+/// Bytes per thread access when the pass is not told: 16 (128-bit
+/// accesses) unless the per-element arithmetic is heavy. IEEE divisions and
+/// square roots are long instruction sequences with several temporaries
+/// each; W elements of them in flight need more than 64 registers when
+/// W x (divisions + square roots) exceeds kHeavyBudget (measured with ptxas
+/// 13: AdamW bf16 with 8-bit states, 12 such ops per element, takes 80
+/// registers at 8 elements per thread and 48-57 at 4; SGD and Lion, 5 ops,
+/// 62-69 at 8 and 48 at 4). Such kernels halve the access width, down to 4
+/// elements per thread; accesses stay coalesced (a warp covers a contiguous
+/// span of every stream) and occupancy stays high.
+int64_t defaultBytesPerThread(KernelOp kernel) {
+  int64_t heavy = 0;
+  getGroupBody(kernel).walk([&](Operation *op) {
+    if (isa<arith::DivFOp, math::SqrtOp>(op))
+      ++heavy;
+  });
+  int64_t bytes = 16;
+  while (elementsPerThread(kernel, bytes) > kMinElementsPerThread &&
+         elementsPerThread(kernel, bytes) * heavy > kHeavyBudget)
+    bytes /= 2;
+  return bytes;
+}
+
+LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
+                          int64_t bytesPerThread) {
+  Location loc = kernel.getLoc();
+  int64_t groupSize = kernel.getGroupSize();
+  int64_t width =
+      std::min(elementsPerThread(kernel, bytesPerThread), groupSize);
+  int64_t lanesPerGroup = groupSize / width;
+  if (lanesPerGroup > kWarpSize)
+    return kernel.emitOpError()
+           << "group size " << groupSize << " spans more than one warp at "
+           << width << " elements per thread";
+  int64_t groupsPerWarp = kWarpSize / lanesPerGroup;
+  int64_t numBuffers = kernel.getBuffers().size();
+  int64_t recordWords = kHeaderWords + numBuffers;
+  int64_t numHypers = kernel.getHypers().size();
+
+  auto module = kernel->getParentOfType<ModuleOp>();
+  module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                  UnitAttr::get(kernel.getContext()));
+  OpBuilder b(kernel);
+  auto gpuModule = gpu::GPUModuleOp::create(
+      b, loc, (kernel.getSymName() + "_gpu").str());
+  OpBuilder mb = OpBuilder::atBlockBegin(gpuModule.getBody());
+  Type i64 = b.getI64Type();
+  Type idx = b.getIndexType();
+  auto fnType = b.getFunctionType({i64, i64, i64, i64, i64, i64}, {});
+  auto fn = gpu::GPUFuncOp::create(mb, loc, kernel.getSymName(), fnType);
+  fn->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+  fn.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr(
+      {int32_t(blockSize), 1, 1}));
+  for (NamedAttribute attr : kernel->getDiscardableAttrs())
+    fn->setAttr(attr.getName(), attr.getValue());
+
+  Block &entry = fn.getBody().front();
+  OpBuilder fb = OpBuilder::atBlockBegin(&entry);
+  Value table = entry.getArgument(0), ntensors = entry.getArgument(1),
+        hypers = entry.getArgument(2), step = entry.getArgument(3),
+        groupBegin = entry.getArgument(4), groupEnd = entry.getArgument(5);
+  auto cIdx = [&](OpBuilder &ob, int64_t v) -> Value {
+    return arith::ConstantIndexOp::create(ob, loc, v);
+  };
+  auto cI64 = [&](OpBuilder &ob, int64_t v) -> Value {
+    return arith::ConstantOp::create(ob, loc, ob.getI64IntegerAttr(v));
+  };
+
+  // Thread coordinates.
+  Value tid = gpu::ThreadIdOp::create(fb, loc, gpu::Dimension::x);
+  Value bid = gpu::BlockIdOp::create(fb, loc, gpu::Dimension::x);
+  Value gdim = gpu::GridDimOp::create(fb, loc, gpu::Dimension::x);
+  Value gtid = arith::AddIOp::create(
+      fb, loc, arith::MulIOp::create(fb, loc, bid, cIdx(fb, blockSize)), tid);
+  Value lane = arith::RemUIOp::create(fb, loc, tid, cIdx(fb, kWarpSize));
+  Value warp = arith::DivUIOp::create(fb, loc, gtid, cIdx(fb, kWarpSize));
+  Value segment = arith::DivUIOp::create(fb, loc, lane, cIdx(fb, lanesPerGroup));
+  Value laneInGroup =
+      arith::RemUIOp::create(fb, loc, lane, cIdx(fb, lanesPerGroup));
+  Value warpsPerGrid = arith::MulIOp::create(
+      fb, loc, gdim, cIdx(fb, blockSize / kWarpSize));
+  Value stride =
+      arith::MulIOp::create(fb, loc, warpsPerGrid, cIdx(fb, groupsPerWarp));
+  Value beginIdx = arith::IndexCastOp::create(fb, loc, idx, groupBegin);
+  Value endIdx = arith::IndexCastOp::create(fb, loc, idx, groupEnd);
+  Value ntIdx = arith::IndexCastOp::create(fb, loc, idx, ntensors);
+  Value start = arith::AddIOp::create(
+      fb, loc, beginIdx,
+      arith::MulIOp::create(fb, loc, warp, cIdx(fb, groupsPerWarp)));
+  Value isLeader = arith::CmpIOp::create(fb, loc, arith::CmpIPredicate::eq,
+                                         laneInGroup, cIdx(fb, 0));
+
+  // Warp-uniform grid-stride loop over the first group of each warp.
+  auto loop = scf::ForOp::create(fb, loc, start, endIdx, stride);
+  OpBuilder lb = OpBuilder::atBlockBegin(loop.getBody());
+  Value g = arith::AddIOp::create(lb, loc, loop.getInductionVar(), segment);
+  Value active =
+      arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::ult, g, endIdx);
+  Value lastGroup = arith::SubIOp::create(lb, loc, endIdx, cIdx(lb, 1));
+  Value gc = arith::SelectOp::create(lb, loc, active, g, lastGroup);
+  Value gc64 = arith::IndexCastOp::create(lb, loc, i64, gc);
+
+  // Binary search: the last tensor whose first group is <= gc.
+  auto firstGroupOf = [&](OpBuilder &ob, Value t) {
+    Value w = arith::AddIOp::create(
+        ob, loc, arith::MulIOp::create(ob, loc, t, cIdx(ob, recordWords)),
+        cIdx(ob, 1));
+    return loadI64(ob, loc, table, w);
+  };
+  Value hi0 = arith::SubIOp::create(lb, loc, ntIdx, cIdx(lb, 1));
+  auto search = scf::WhileOp::create(
+      lb, loc, TypeRange{idx, idx}, ValueRange{cIdx(lb, 0), hi0},
+      [&](OpBuilder &ob, Location l, ValueRange args) {
+        Value more = arith::CmpIOp::create(ob, l, arith::CmpIPredicate::ult,
+                                           args[0], args[1]);
+        scf::ConditionOp::create(ob, l, more, args);
+      },
+      [&](OpBuilder &ob, Location l, ValueRange args) {
+        Value sum = arith::AddIOp::create(ob, l, args[0], args[1]);
+        Value mid = arith::DivUIOp::create(
+            ob, l, arith::AddIOp::create(ob, l, sum, cIdx(ob, 1)), cIdx(ob, 2));
+        Value first = firstGroupOf(ob, mid);
+        Value le = arith::CmpIOp::create(ob, l, arith::CmpIPredicate::sle,
+                                         first, gc64);
+        Value lo = arith::SelectOp::create(ob, l, le, mid, args[0]);
+        Value hi = arith::SelectOp::create(
+            ob, l, le, args[1], arith::SubIOp::create(ob, l, mid, cIdx(ob, 1)));
+        scf::YieldOp::create(ob, l, ValueRange{lo, hi});
+      });
+  Value t = search.getResult(0);
+  Value rec = arith::MulIOp::create(lb, loc, t, cIdx(lb, recordWords));
+  auto word = [&](int64_t w) {
+    return loadI64(lb, loc, table,
+                   arith::AddIOp::create(lb, loc, rec, cIdx(lb, w)));
+  };
+  Value numel = word(0);
+  Value first = word(1);
+  Value slot = word(2);
+  Value slotOffset = arith::MulIOp::create(lb, loc, slot, cI64(lb, numHypers * 4));
+  Value hyperBase = arith::AddIOp::create(lb, loc, hypers, slotOffset);
+  IRMapping mapping;
+  emitPrologue(lb, kernel, hyperBase, step, mapping);
+
+  GroupBodyEnv env;
+  env.width = width;
+  env.maxAlignment = 16;
+  env.predication = Predication::PerAccess;
+  env.active = active;
+  env.isGroupLeader = isLeader;
+  env.baseAddress = [=](OpBuilder &ob, Location l, int64_t buffer) -> Value {
+    Value w = arith::AddIOp::create(
+        ob, l, rec, arith::ConstantIndexOp::create(ob, l, kHeaderWords + buffer));
+    return loadI64(ob, l, table, w);
+  };
+  env.numElements = arith::IndexCastOp::create(lb, loc, idx, numel);
+  Value localGroup64 = arith::SubIOp::create(lb, loc, gc64, first);
+  env.groupIndex = arith::IndexCastOp::create(lb, loc, idx, localGroup64);
+  env.elementIndex = arith::AddIOp::create(
+      lb, loc, arith::MulIOp::create(lb, loc, env.groupIndex, cIdx(lb, groupSize)),
+      arith::MulIOp::create(lb, loc, laneInGroup, cIdx(lb, width)));
+  env.combineAcrossWorkers = [lanesPerGroup](OpBuilder &ob, Location l,
+                                             Value v) {
+    for (int64_t offset = lanesPerGroup / 2; offset >= 1; offset /= 2) {
+      auto shfl = gpu::ShuffleOp::create(ob, l, v, int32_t(offset),
+                                         int32_t(kWarpSize),
+                                         gpu::ShuffleMode::XOR);
+      v = arith::MaximumFOp::create(ob, l, v, shfl.getShuffleResult());
+    }
+    return v;
+  };
+  if (failed(emitGroupBody(lb, kernel, env, mapping)))
+    return failure();
+
+  OpBuilder rb = OpBuilder::atBlockEnd(&entry);
+  gpu::ReturnOp::create(rb, loc);
+  kernel.erase();
+  return success();
+}
+
+struct FlashOptToGPUPass
+    : mlir::flashopt::impl::FlashOptToGPUBase<FlashOptToGPUPass> {
+  using FlashOptToGPUBase::FlashOptToGPUBase;
+  void runOnOperation() override {
+    SmallVector<KernelOp> kernels;
+    getOperation().walk([&](KernelOp k) { kernels.push_back(k); });
+    for (KernelOp k : kernels)
+      if (failed(lowerKernel(k, blockSize,
+                             bytesPerThread > 0 ? bytesPerThread
+                                                : defaultBytesPerThread(k))))
+        return signalPassFailure();
+  }
+};
+
+} // namespace

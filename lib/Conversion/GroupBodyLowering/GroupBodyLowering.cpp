@@ -1,0 +1,453 @@
+//===- GroupBodyLowering.cpp - Shared lowering of group bodies -------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// Maps the scalar code of a `flashopt.group_body` onto W vector lanes.
+/// Values that are uniform across a group (derived only from the prologue,
+/// `flashopt.load_group` and `flashopt.group_max`) stay scalars; everything
+/// else becomes a `vector<W x T>`, uniform operands being broadcast.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/Conversion/GroupBodyLowering.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+using namespace mlir;
+using namespace mlir::flashopt;
+
+Value mlir::flashopt::loadI64(OpBuilder &b, Location loc, Value base,
+                              Value index) {
+  return RawLoadOp::create(b, loc, b.getI64Type(), base, index, Value(),
+                           /*alignment=*/8);
+}
+
+/// Emits `r = 1; while (n > 0) { if (n & 1) r *= x; x *= x; n >>= 1; }`.
+static Value emitPowI(OpBuilder &b, Location loc, Value base, Value exponent) {
+  Type f32 = b.getF32Type();
+  Type i64 = b.getI64Type();
+  Value one = arith::ConstantOp::create(b, loc, b.getF32FloatAttr(1.0));
+  Value zero = arith::ConstantOp::create(b, loc, b.getI64IntegerAttr(0));
+  Value oneI = arith::ConstantOp::create(b, loc, b.getI64IntegerAttr(1));
+  auto loop = scf::WhileOp::create(
+      b, loc, TypeRange{f32, f32, i64}, ValueRange{one, base, exponent},
+      [&](OpBuilder &nb, Location l, ValueRange args) {
+        Value more = arith::CmpIOp::create(nb, l, arith::CmpIPredicate::sgt,
+                                           args[2], zero);
+        scf::ConditionOp::create(nb, l, more, args);
+      },
+      [&](OpBuilder &nb, Location l, ValueRange args) {
+        Value bit = arith::AndIOp::create(nb, l, args[2], oneI);
+        Value odd = arith::CmpIOp::create(nb, l, arith::CmpIPredicate::ne, bit,
+                                          zero);
+        Value prod = arith::MulFOp::create(nb, l, args[0], args[1]);
+        Value r = arith::SelectOp::create(nb, l, odd, prod, args[0]);
+        Value sq = arith::MulFOp::create(nb, l, args[1], args[1]);
+        Value n = arith::ShRSIOp::create(nb, l, args[2], oneI);
+        scf::YieldOp::create(nb, l, ValueRange{r, sq, n});
+      });
+  return loop.getResult(0);
+}
+
+void mlir::flashopt::emitPrologue(OpBuilder &b, KernelOp kernel,
+                                  Value hyperBase, Value step,
+                                  IRMapping &mapping) {
+  for (Operation &op : kernel.getBody().front()) {
+    if (isa<GroupBodyOp>(op))
+      break;
+    Location loc = op.getLoc();
+    if (auto hyper = dyn_cast<HyperOp>(op)) {
+      int64_t index = kernel.getHyperIndex(hyper.getName());
+      Value idx = arith::ConstantIndexOp::create(b, loc, index);
+      Value v = RawLoadOp::create(b, loc, b.getF32Type(), hyperBase, idx,
+                                  Value(), /*alignment=*/4);
+      mapping.map(hyper.getResult(), v);
+    } else if (auto count = dyn_cast<StepCountOp>(op)) {
+      mapping.map(count.getResult(), step);
+    } else if (auto powi = dyn_cast<PowIOp>(op)) {
+      mapping.map(powi.getResult(),
+                  emitPowI(b, loc, mapping.lookup(powi.getBase()),
+                           mapping.lookup(powi.getExponent())));
+    } else {
+      b.clone(op, mapping);
+    }
+  }
+}
+
+namespace {
+
+/// Lowers one group body for one worker.
+///
+/// The body is split into phases: phase 0 is everything that does not
+/// depend on a `flashopt.group_max`; a group maximum of a phase-p value is
+/// available from phase p+1 on. Each phase emits its uniform (scalar) code,
+/// then its varying (vector) code and this worker's part of the group
+/// maxima, then its element stores, then completes the maxima across
+/// workers. Element stores thus follow the last computation they need.
+class GroupBodyEmitter {
+public:
+  GroupBodyEmitter(OpBuilder &b, KernelOp kernel, const GroupBodyEnv &env,
+                   const IRMapping &prologue)
+      : b(b), kernel(kernel), env(env), prologue(prologue) {}
+
+  LogicalResult run(GroupBodyOp body) {
+    Location loc = body.getLoc();
+    Block &block = body.getBody().front();
+    if (failed(analyze(block)))
+      return failure();
+    setUpPredicates(loc);
+
+    // Loads first: every per-element load is one full-width access.
+    for (Operation &op : block)
+      if (auto load = dyn_cast<LoadElementOp>(op))
+        vectors[load.getResult()] =
+            loadElements(loc, load.getBuffer(), load.getType());
+
+    for (int64_t p = 0; p <= maxPhase; ++p) {
+      // Uniform code of this phase (group loads and stores, scalars derived
+      // from the previous phase's group maxima).
+      for (Operation &op : block)
+        if (phaseOf(&op) == p && isUniformOp(&op))
+          if (failed(emitUniform(op)))
+            return failure();
+      // Varying code, and this worker's part of the group maxima.
+      llvm::DenseMap<Value, Value> partialMax;
+      for (Operation &op : block) {
+        if (auto gmax = dyn_cast<GroupMaxOp>(op)) {
+          if (varying.count(gmax.getValue()) &&
+              phaseOf(gmax.getValue()) == p)
+            partialMax[gmax.getResult()] = localMax(loc, gmax.getValue());
+          continue;
+        }
+        if (phaseOf(&op) != p || isUniformOp(&op) ||
+            isa<LoadElementOp, StoreElementOp>(op))
+          continue;
+        emitVarying(op);
+      }
+      // Stores of this phase: full-width accesses.
+      for (Operation &op : block)
+        if (auto store = dyn_cast<StoreElementOp>(op))
+          if (phaseOf(&op) == p)
+            storeElements(loc, store.getBuffer(),
+                          vectorOf(loc, store.getValue()));
+      // Finish the group maxima of this phase across workers.
+      for (Operation &op : block)
+        if (auto gmax = dyn_cast<GroupMaxOp>(op)) {
+          if (phaseOf(gmax.getValue()) != p || !varying.count(gmax.getValue()))
+            continue;
+          Value v = partialMax.lookup(gmax.getResult());
+          if (env.combineAcrossWorkers)
+            v = env.combineAcrossWorkers(b, loc, v);
+          scalars[gmax.getResult()] = v;
+        }
+    }
+    return success();
+  }
+
+private:
+  OpBuilder &b;
+  KernelOp kernel;
+  const GroupBodyEnv &env;
+  const IRMapping &prologue;
+  int64_t maxPhase = 0;
+  /// Phase of every body operation.
+  llvm::DenseMap<Operation *, int64_t> phases;
+  /// Body values that differ from element to element.
+  llvm::DenseSet<Value> varying;
+  /// Uniform values (scalars).
+  llvm::DenseMap<Value, Value> scalars;
+  /// Vector values of varying body values.
+  llvm::DenseMap<Value, Value> vectors;
+  /// Whether all of the worker's lanes are valid (i1), for PerAccess.
+  Value allValid;
+
+  VectorType vecOf(Type t, int64_t n) { return VectorType::get({n}, t); }
+  VectorType vecOf(Type t) { return vecOf(t, env.width); }
+
+  int64_t phaseOf(Operation *op) { return phases.lookup(op); }
+  int64_t phaseOf(Value v) {
+    Operation *def = v.getDefiningOp();
+    return def && phases.count(def) ? phases.lookup(def) : 0;
+  }
+  bool isUniformOp(Operation *op) {
+    if (isa<LoadGroupOp, StoreGroupOp>(op))
+      return true;
+    if (isa<LoadElementOp, StoreElementOp, GroupMaxOp>(op))
+      return false;
+    return llvm::none_of(op->getResults(),
+                         [&](Value r) { return varying.count(r); });
+  }
+
+  LogicalResult analyze(Block &block) {
+    for (Operation &op : block) {
+      if (op.getNumRegions() != 0)
+        return op.emitOpError() << "cannot be lowered inside a group body";
+      int64_t phase = 0;
+      for (Value operand : op.getOperands())
+        phase = std::max(phase, phaseOf(operand));
+      if (auto gmax = dyn_cast<GroupMaxOp>(op))
+        phase = phaseOf(gmax.getValue()) +
+                (varying.count(gmax.getValue()) ? 1 : 0);
+      phases[&op] = phase;
+      maxPhase = std::max(maxPhase, phase);
+      bool isVarying = isa<LoadElementOp>(op) ||
+                       (!isa<GroupMaxOp, LoadGroupOp>(op) &&
+                        llvm::any_of(op.getOperands(), [&](Value v) {
+                          return varying.count(v);
+                        }));
+      if (isVarying)
+        for (Value r : op.getResults())
+          varying.insert(r);
+    }
+    return success();
+  }
+
+  void setUpPredicates(Location loc) {
+    if (env.predication != Predication::PerAccess)
+      return;
+    Value width = arith::ConstantIndexOp::create(b, loc, env.width);
+    Value end = arith::AddIOp::create(b, loc, env.elementIndex, width);
+    allValid = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::sle, end,
+                                     env.numElements);
+    if (env.active)
+      allValid = arith::AndIOp::create(b, loc, allValid, env.active);
+  }
+
+  /// Emits the validity mask (vector<n x i1>) of the worker's lanes
+  /// [offset, offset + n). It is recomputed at every use rather than kept
+  /// live across the body: on the GPU a live vector of predicates costs
+  /// registers.
+  Value laneMask(OpBuilder &ob, Location loc, int64_t offset, int64_t n) {
+    // Index arithmetic (32-bit on the GPU, 64-bit on the host).
+    Type idx = ob.getIndexType();
+    SmallVector<int64_t> iota(n);
+    for (int64_t i = 0; i < n; ++i)
+      iota[i] = offset + i;
+    Value lanes = arith::ConstantOp::create(
+        ob, loc,
+        DenseElementsAttr::get(vecOf(idx, n),
+                               llvm::map_to_vector(iota, [](int64_t v) {
+                                 return APInt(64, v);
+                               })));
+    Value firstV =
+        vector::BroadcastOp::create(ob, loc, vecOf(idx, n), env.elementIndex);
+    Value numelV =
+        vector::BroadcastOp::create(ob, loc, vecOf(idx, n), env.numElements);
+    Value pos = arith::AddIOp::create(ob, loc, firstV, lanes);
+    Value mask = arith::CmpIOp::create(ob, loc, arith::CmpIPredicate::slt, pos,
+                                       numelV);
+    if (env.active) {
+      Value activeV = vector::BroadcastOp::create(
+          ob, loc, vecOf(ob.getI1Type(), n), env.active);
+      mask = arith::AndIOp::create(ob, loc, mask, activeV);
+    }
+    return mask;
+  }
+  Value laneMask(OpBuilder &ob, Location loc) {
+    return laneMask(ob, loc, 0, env.width);
+  }
+
+  Value scalarOf(Value v) {
+    auto it = scalars.find(v);
+    if (it != scalars.end())
+      return it->second;
+    return prologue.lookupOrDefault(v);
+  }
+
+  /// The vector form of `v`: a varying value, or a broadcast of a uniform
+  /// one.
+  Value vectorOf(Location loc, Value v) {
+    auto it = vectors.find(v);
+    if (it != vectors.end())
+      return it->second;
+    Value s = scalarOf(v);
+    return vector::BroadcastOp::create(b, loc, vecOf(s.getType()), s);
+  }
+
+  int64_t alignmentFor(Type elementType, int64_t count) {
+    int64_t bytes = (elementType.getIntOrFloatBitWidth() + 7) / 8;
+    int64_t align = bytes;
+    int64_t total = bytes * count;
+    while (align * 2 <= env.maxAlignment && total % (align * 2) == 0)
+      align *= 2;
+    return align;
+  }
+
+  Value base(OpBuilder &ob, Location loc, int64_t buffer) {
+    return env.baseAddress(ob, loc, buffer);
+  }
+
+  /// A full-width load of this worker's elements of `buffer`.
+  Value loadElements(Location loc, int64_t buffer, Type t) {
+    VectorType vt = vecOf(t);
+    int64_t align = alignmentFor(t, env.width);
+    int64_t elemAlign = alignmentFor(t, 1);
+    switch (env.predication) {
+    case Predication::None:
+      return RawLoadOp::create(b, loc, vt, base(b, loc, buffer),
+                               env.elementIndex, Value(), align);
+    case Predication::Masked:
+      return RawLoadOp::create(b, loc, vt, base(b, loc, buffer),
+                               env.elementIndex, laneMask(b, loc), elemAlign);
+    case Predication::PerAccess: {
+      auto ifOp = scf::IfOp::create(
+          b, loc, allValid,
+          [&](OpBuilder &tb, Location l) {
+            Value v = RawLoadOp::create(tb, l, vt, base(tb, l, buffer),
+                                        env.elementIndex, Value(), align);
+            scf::YieldOp::create(tb, l, v);
+          },
+          [&](OpBuilder &eb, Location l) {
+            Value v = RawLoadOp::create(eb, l, vt, base(eb, l, buffer),
+                                        env.elementIndex, laneMask(eb, l),
+                                        elemAlign);
+            scf::YieldOp::create(eb, l, v);
+          });
+      return ifOp.getResult(0);
+    }
+    }
+    llvm_unreachable("unknown predication");
+  }
+
+  void storeElements(Location loc, int64_t buffer, Value v) {
+    Type t = cast<VectorType>(v.getType()).getElementType();
+    int64_t align = alignmentFor(t, env.width);
+    int64_t elemAlign = alignmentFor(t, 1);
+    switch (env.predication) {
+    case Predication::None:
+      RawStoreOp::create(b, loc, v, base(b, loc, buffer), env.elementIndex,
+                         Value(), align);
+      return;
+    case Predication::Masked:
+      RawStoreOp::create(b, loc, v, base(b, loc, buffer), env.elementIndex,
+                         laneMask(b, loc), elemAlign);
+      return;
+    case Predication::PerAccess:
+      scf::IfOp::create(
+          b, loc, allValid,
+          [&](OpBuilder &tb, Location l) {
+            RawStoreOp::create(tb, l, v, base(tb, l, buffer),
+                               env.elementIndex, Value(), align);
+            scf::YieldOp::create(tb, l);
+          },
+          [&](OpBuilder &eb, Location l) {
+            RawStoreOp::create(eb, l, v, base(eb, l, buffer),
+                               env.elementIndex, laneMask(eb, l), elemAlign);
+            scf::YieldOp::create(eb, l);
+          });
+      return;
+    }
+  }
+
+  /// The maximum of `in` over the worker's valid lanes.
+  Value localMax(Location loc, Value in) {
+    Value v = vectorOf(loc, in);
+    auto plain = [&](OpBuilder &ob, Location l) -> Value {
+      return vector::ReductionOp::create(ob, l,
+                                         vector::CombiningKind::MAXIMUMF, v);
+    };
+    // Lanes past the end take no part: they become -inf.
+    auto masked = [&](OpBuilder &ob, Location l) -> Value {
+      Value ninf = arith::ConstantOp::create(
+          ob, l,
+          DenseElementsAttr::get(
+              vecOf(ob.getF32Type()),
+              ob.getF32FloatAttr(-std::numeric_limits<float>::infinity())));
+      Value m = laneMask(ob, l);
+      Value sel = arith::SelectOp::create(ob, l, m, v, ninf);
+      return vector::ReductionOp::create(ob, l,
+                                         vector::CombiningKind::MAXIMUMF, sel);
+    };
+    switch (env.predication) {
+    case Predication::None:
+      return plain(b, loc);
+    case Predication::Masked:
+      return masked(b, loc);
+    case Predication::PerAccess:
+      return scf::IfOp::create(
+                 b, loc, allValid,
+                 [&](OpBuilder &tb, Location l) {
+                   scf::YieldOp::create(tb, l, plain(tb, l));
+                 },
+                 [&](OpBuilder &eb, Location l) {
+                   scf::YieldOp::create(eb, l, masked(eb, l));
+                 })
+          .getResult(0);
+    }
+    llvm_unreachable("unknown predication");
+  }
+
+  LogicalResult emitUniform(Operation &op) {
+    Location loc = op.getLoc();
+    if (auto load = dyn_cast<LoadGroupOp>(op)) {
+      int64_t align = alignmentFor(load.getType(), 1);
+      scalars[load.getResult()] = RawLoadOp::create(
+          b, loc, load.getType(), base(b, loc, load.getBuffer()),
+          env.groupIndex, Value(), align);
+      return success();
+    }
+    if (auto store = dyn_cast<StoreGroupOp>(op)) {
+      Value v = scalarOf(store.getValue());
+      int64_t align = alignmentFor(v.getType(), 1);
+      Value cond = env.isGroupLeader;
+      if (env.active)
+        cond = cond ? arith::AndIOp::create(b, loc, cond, env.active).getResult()
+                    : env.active;
+      auto emitStore = [&](OpBuilder &sb, Location l) {
+        RawStoreOp::create(sb, l, v, base(sb, l, store.getBuffer()),
+                           env.groupIndex, Value(), align);
+      };
+      if (!cond) {
+        emitStore(b, loc);
+      } else {
+        scf::IfOp::create(b, loc, cond, [&](OpBuilder &tb, Location l) {
+          emitStore(tb, l);
+          scf::YieldOp::create(tb, l);
+        });
+      }
+      return success();
+    }
+    if (auto gmax = dyn_cast<GroupMaxOp>(op)) {
+      // The maximum of a group-uniform value is that value.
+      scalars[gmax.getResult()] = scalarOf(gmax.getValue());
+      return success();
+    }
+    IRMapping m;
+    for (Value operand : op.getOperands())
+      m.map(operand, scalarOf(operand));
+    Operation *clone = b.clone(op, m);
+    for (auto [orig, res] : llvm::zip(op.getResults(), clone->getResults()))
+      scalars[orig] = res;
+    return success();
+  }
+
+  void emitVarying(Operation &op) {
+    Location loc = op.getLoc();
+    IRMapping m;
+    for (Value operand : op.getOperands())
+      m.map(operand, vectorOf(loc, operand));
+    Operation *clone = b.clone(op, m);
+    for (auto [orig, res] : llvm::zip(op.getResults(), clone->getResults())) {
+      res.setType(vecOf(res.getType()));
+      vectors[orig] = res;
+    }
+  }
+};
+
+} // namespace
+
+LogicalResult mlir::flashopt::emitGroupBody(OpBuilder &b, KernelOp kernel,
+                                            const GroupBodyEnv &env,
+                                            const IRMapping &mapping) {
+  GroupBodyOp body = getGroupBody(kernel);
+  if (!body)
+    return kernel.emitOpError() << "has no group body";
+  return GroupBodyEmitter(b, kernel, env, mapping).run(body);
+}

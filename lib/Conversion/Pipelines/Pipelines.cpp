@@ -1,0 +1,100 @@
+//===- Pipelines.cpp - flashopt's named pass pipelines ---------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// The pipelines flashopt-gen runs, registered under names so that
+/// `flashopt-opt --flashopt-cpu-pipeline` reproduces them exactly.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/Conversion/Passes.h"
+#include "flashopt/Dialect/FlashOpt/Transforms/Passes.h"
+
+#include "mlir/Conversion/ReconcileUnrealizedCasts/ReconcileUnrealizedCasts.h"
+#include "mlir/Conversion/SCFToControlFlow/SCFToControlFlow.h"
+#include "mlir/Dialect/Arith/Transforms/Passes.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/Passes.h"
+
+using namespace mlir;
+
+void mlir::flashopt::buildCPUPipeline(OpPassManager &pm) {
+  pm.addPass(createFlashOptExpandEncodings());
+  pm.addPass(createFlashOptToCPU());
+  buildCPULLVMPipeline(pm);
+}
+
+void mlir::flashopt::buildCPULLVMPipeline(OpPassManager &pm) {
+  pm.addPass(createCanonicalizerPass());
+  pm.addPass(createCSEPass());
+  pm.addPass(createSCFToControlFlowPass());
+  arith::ArithExpandOpsPassOptions expand;
+  expand.includeBf16 = true;
+  pm.addPass(arith::createArithExpandOpsPass(expand));
+  pm.addPass(createFlashOptConvertToLLVM());
+  pm.addPass(createReconcileUnrealizedCastsPass());
+}
+
+void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
+                                      const GPUPipelineOptions &options) {
+  pm.addPass(createFlashOptExpandEncodings());
+  FlashOptToGPUOptions toGPU;
+  toGPU.bytesPerThread = options.bytesPerThread;
+  pm.addPass(createFlashOptToGPU(toGPU));
+  GpuNVVMAttachTargetOptions attach;
+  attach.chip = options.chip;
+  attach.optLevel = 3;
+  pm.addPass(createGpuNVVMAttachTarget(attach));
+  OpPassManager &gpm = pm.nest<gpu::GPUModuleOp>();
+  gpm.addPass(createCanonicalizerPass());
+  gpm.addPass(createCSEPass());
+  gpm.addPass(createSCFToControlFlowPass());
+  FlashOptConvertToNVVMOptions nvvm;
+  nvvm.ftz = options.ftz;
+  nvvm.tritonCompat = options.tritonCompat;
+  gpm.addPass(createFlashOptConvertToNVVM(nvvm));
+  gpm.addPass(createCanonicalizerPass());
+  gpm.addPass(createCSEPass());
+  gpm.addPass(createReconcileUnrealizedCastsPass());
+}
+
+namespace {
+struct GPUPipelineCLOptions
+    : public PassPipelineOptions<GPUPipelineCLOptions> {
+  PassOptions::Option<std::string> chip{
+      *this, "chip", llvm::cl::desc("NVIDIA chip (sm_80, sm_90, sm_100)"),
+      llvm::cl::init("sm_90")};
+  PassOptions::Option<bool> ftz{*this, "ftz",
+                                llvm::cl::desc("Flush f32 subnormals"),
+                                llvm::cl::init(false)};
+  PassOptions::Option<bool> tritonCompat{
+      *this, "triton-compat",
+      llvm::cl::desc("Triton-compatible approximate arithmetic"),
+      llvm::cl::init(false)};
+};
+} // namespace
+
+void mlir::flashopt::registerFlashOptPipelines() {
+  PassPipelineRegistration<GPUPipelineCLOptions>(
+      "flashopt-gpu-pipeline",
+      "Lower flashopt optimizers to NVVM-dialect GPU kernels (what "
+      "flashopt-gen --target=sm_XX runs before PTX serialization)",
+      [](OpPassManager &pm, const GPUPipelineCLOptions &cl) {
+        GPUPipelineOptions options;
+        options.chip = cl.chip;
+        options.ftz = cl.ftz;
+        options.tritonCompat = cl.tritonCompat;
+        buildGPUPipeline(pm, options);
+      });
+  PassPipelineRegistration<>(
+      "flashopt-cpu-pipeline",
+      "Lower flashopt optimizers to LLVM dialect host kernels (what "
+      "flashopt-gen --target=cpu runs before LLVM code generation)",
+      [](OpPassManager &pm) { buildCPUPipeline(pm); });
+}

@@ -1,0 +1,177 @@
+//===- FlashOptDialect.cpp - flashopt dialect and attributes ---------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// Registration of the flashopt dialect and the verifiers of its encoding
+/// attributes.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptDialect.h"
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace mlir::flashopt;
+
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptDialect.cpp.inc"
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptEnums.cpp.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptAttrs.cpp.inc"
+
+void FlashOptDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.cpp.inc"
+      >();
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptAttrs.cpp.inc"
+      >();
+}
+
+//===----------------------------------------------------------------------===//
+// Storage type helpers
+//===----------------------------------------------------------------------===//
+
+bool mlir::flashopt::isStorageFloatType(Type t) {
+  return t && (t.isF32() || t.isBF16() || t.isF16());
+}
+
+static bool isSignlessInt(Type t, unsigned width) {
+  return t && t.isSignlessInteger(width);
+}
+
+static bool isUnsignedInt(Type t, unsigned width) {
+  return t && t.isUnsignedInteger(width);
+}
+
+std::string mlir::flashopt::storageTypeName(Type t) {
+  if (!t)
+    return "";
+  if (t.isF32())
+    return "f32";
+  if (t.isBF16())
+    return "bf16";
+  if (t.isF16())
+    return "f16";
+  if (isSignlessInt(t, 8))
+    return "i8";
+  if (isUnsignedInt(t, 8))
+    return "ui8";
+  if (isSignlessInt(t, 16))
+    return "i16";
+  return "";
+}
+
+Type mlir::flashopt::parseStorageTypeName(MLIRContext *ctx,
+                                          llvm::StringRef name) {
+  Builder b(ctx);
+  if (name == "f32")
+    return b.getF32Type();
+  if (name == "bf16")
+    return b.getBF16Type();
+  if (name == "f16")
+    return b.getF16Type();
+  if (name == "i8")
+    return b.getIntegerType(8);
+  if (name == "ui8")
+    return IntegerType::get(ctx, 8, IntegerType::Unsigned);
+  if (name == "i16")
+    return b.getIntegerType(16);
+  return nullptr;
+}
+
+int64_t mlir::flashopt::storageTypeBytes(Type t) {
+  return (t.getIntOrFloatBitWidth() + 7) / 8;
+}
+
+static std::string typeString(Type t) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  if (t)
+    os << t;
+  else
+    os << "<<null>>";
+  return s;
+}
+
+//===----------------------------------------------------------------------===//
+// MasterAttr
+//===----------------------------------------------------------------------===//
+
+LogicalResult
+MasterAttr::verify(function_ref<InFlightDiagnostic()> emitError, Type paramType,
+                   Type correction) {
+  if (!isStorageFloatType(paramType))
+    return emitError() << "parameter type must be bf16, f16 or f32, got "
+                       << typeString(paramType);
+  if (!correction)
+    return success();
+  if (!isSignlessInt(correction, 8) && !isSignlessInt(correction, 16))
+    return emitError() << "correction must be i8 or i16, got "
+                       << typeString(correction);
+  if (paramType.isF32())
+    return emitError() << "f32 parameters take no correction term";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// QuantAttr
+//===----------------------------------------------------------------------===//
+
+bool QuantAttr::isSigned() const { return getStorage().isSignlessInteger(8); }
+
+LogicalResult QuantAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                Type storage, int64_t group, Compander compand,
+                                Type scale) {
+  if (!isSignlessInt(storage, 8) && !isUnsignedInt(storage, 8))
+    return emitError() << "quantized storage must be i8 or ui8, got "
+                       << typeString(storage);
+  if (group < 16 || group > 128 || !llvm::isPowerOf2_64(group))
+    return emitError() << "group size must be a power of two in [16, 128], got "
+                       << group;
+  if (!isStorageFloatType(scale))
+    return emitError() << "scale type must be f16, bf16 or f32, got "
+                       << typeString(scale);
+  if (compand == Compander::softsign && !isSignlessInt(storage, 8))
+    return emitError() << "softsign compander needs signed (i8) storage";
+  if (compand == Compander::sqrt && !isUnsignedInt(storage, 8))
+    return emitError() << "sqrt compander needs unsigned (ui8) storage";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// PlainAttr
+//===----------------------------------------------------------------------===//
+
+LogicalResult PlainAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                Type storage) {
+  if (!isStorageFloatType(storage))
+    return emitError() << "plain storage must be f32, bf16 or f16, got "
+                       << typeString(storage);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// BufferAttr
+//===----------------------------------------------------------------------===//
+
+LogicalResult BufferAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                 StringRef name, Type elementType,
+                                 BufferRate rate, BufferAccess access) {
+  if (name.empty())
+    return emitError() << "buffer name must not be empty";
+  if (storageTypeName(elementType).empty())
+    return emitError() << "buffer element type must be one of bf16, f16, f32, "
+                          "i8, ui8, i16, got "
+                       << typeString(elementType);
+  return success();
+}

@@ -1,0 +1,478 @@
+//===- FlashOptOps.cpp - flashopt operations -------------------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// Verifiers and custom assembly of the flashopt operations.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringSet.h"
+
+using namespace mlir;
+using namespace mlir::flashopt;
+
+/// Whether `name` is an identifier: [A-Za-z_][A-Za-z0-9_]*.
+static bool isIdentifier(StringRef name) {
+  if (name.empty() || !(llvm::isAlpha(name[0]) || name[0] == '_'))
+    return false;
+  return llvm::all_of(name, [](char c) { return llvm::isAlnum(c) || c == '_'; });
+}
+
+/// Whether `op` is one of the arith/math operations allowed in rules and
+/// per-step scalar code.
+static bool isScalarMathOp(Operation *op) {
+  Dialect *d = op->getDialect();
+  return d && (isa<arith::ArithDialect>(d) || isa<math::MathDialect>(d));
+}
+
+/// Whether `t` is a scalar (integer, index or float) type.
+static bool isScalarType(Type t) {
+  return t.isIntOrIndexOrFloat();
+}
+
+/// Checks that every operand and result of `op` is a scalar.
+static LogicalResult verifyScalarOperands(Operation *op, Operation *diagOp,
+                                          StringRef where) {
+  for (Type t : op->getOperandTypes())
+    if (!isScalarType(t))
+      return diagOp->emitOpError()
+             << "operations in " << where << " must work on scalars, but '"
+             << op->getName() << "' has an operand of type " << t;
+  for (Type t : op->getResultTypes())
+    if (!isScalarType(t))
+      return diagOp->emitOpError()
+             << "operations in " << where << " must work on scalars, but '"
+             << op->getName() << "' has a result of type " << t;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// OptimizerOp
+//===----------------------------------------------------------------------===//
+
+SmallVector<HyperOp> mlir::flashopt::getHypers(Operation *op) {
+  return llvm::to_vector(op->getRegion(0).front().getOps<HyperOp>());
+}
+
+SmallVector<StateOp> mlir::flashopt::getStates(OptimizerOp optimizer) {
+  return llvm::to_vector(optimizer.getBody().front().getOps<StateOp>());
+}
+
+UpdateOp mlir::flashopt::getUpdate(OptimizerOp optimizer) {
+  auto ops = optimizer.getBody().front().getOps<UpdateOp>();
+  return ops.empty() ? UpdateOp() : *ops.begin();
+}
+
+LogicalResult OptimizerOp::verify() {
+  Type grad = getGrad();
+  if (!isStorageFloatType(grad))
+    return emitOpError() << "gradient type must be bf16, f16 or f32, got "
+                         << grad;
+  return success();
+}
+
+/// Checks the hyper-parameter declarations of an optimizer or kernel body.
+static LogicalResult verifyUniqueHypers(Operation *op, Block &body) {
+  llvm::StringSet<> names;
+  for (auto hyper : body.getOps<HyperOp>())
+    if (!names.insert(hyper.getName()).second)
+      return hyper.emitOpError()
+             << "hyper-parameter \"" << hyper.getName() << "\" declared twice";
+  return success();
+}
+
+LogicalResult OptimizerOp::verifyRegions() {
+  Block &body = getBody().front();
+  int numUpdates = 0;
+  for (Operation &op : body) {
+    if (isa<HyperOp, StateOp, UpdateOp, StepCountOp, PowIOp>(op)) {
+      numUpdates += isa<UpdateOp>(op);
+      continue;
+    }
+    if (!isScalarMathOp(&op))
+      return op.emitOpError()
+             << "is not allowed in a flashopt.optimizer body (only "
+                "flashopt.hyper, flashopt.state, flashopt.update, "
+                "flashopt.step_count, flashopt.powi and scalar arith/math "
+                "operations)";
+    if (failed(verifyScalarOperands(&op, &op, "an optimizer body")))
+      return failure();
+  }
+  if (numUpdates != 1)
+    return emitOpError() << "expects exactly one flashopt.update, found "
+                         << numUpdates;
+  if (failed(verifyUniqueHypers(*this, body)))
+    return failure();
+
+  llvm::StringSet<> hyperNames;
+  for (auto hyper : body.getOps<HyperOp>())
+    hyperNames.insert(hyper.getName());
+
+  llvm::StringMap<int64_t> stateNames;
+  std::optional<std::pair<StringRef, int64_t>> firstGroup;
+  for (auto state : body.getOps<StateOp>()) {
+    if (!stateNames.try_emplace(state.getName(), 0).second)
+      return state.emitOpError()
+             << "state \"" << state.getName() << "\" declared twice";
+    if (auto elidable = state.getElidable())
+      if (!hyperNames.contains(*elidable))
+        return state.emitOpError()
+               << "state \"" << state.getName()
+               << "\" is elidable on an unknown hyper-parameter \"" << *elidable
+               << "\"";
+    if (auto quant = dyn_cast<QuantAttr>(state.getEncoding())) {
+      if (!firstGroup) {
+        firstGroup = {state.getName(), quant.getGroup()};
+      } else if (firstGroup->second != quant.getGroup()) {
+        return state.emitOpError()
+               << "quantized states must share one group size: \""
+               << firstGroup->first << "\" has " << firstGroup->second
+               << ", \"" << state.getName() << "\" has " << quant.getGroup();
+      }
+    }
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// HyperOp / StepCountOp
+//===----------------------------------------------------------------------===//
+
+void HyperOp::getAsmResultNames(OpAsmSetValueNameFn setNameFn) {
+  if (isIdentifier(getName()))
+    setNameFn(getResult(), getName());
+}
+
+/// Checks that `op` sits directly in an optimizer or kernel body.
+static LogicalResult verifyDeclarationParent(Operation *op) {
+  if (!isa_and_nonnull<OptimizerOp, KernelOp>(op->getParentOp()))
+    return op->emitOpError()
+           << "expects parent op 'flashopt.optimizer' or 'flashopt.kernel'";
+  return success();
+}
+
+LogicalResult HyperOp::verify() {
+  if (failed(verifyDeclarationParent(*this)))
+    return failure();
+  if (!isIdentifier(getName()))
+    return emitOpError() << "hyper-parameter name must be an identifier, got \""
+                         << getName() << "\"";
+  if (auto def = getDefaultValueAttr())
+    if (!def.getValue().isFinite())
+      return emitOpError() << "default value of \"" << getName()
+                           << "\" must be finite";
+  return success();
+}
+
+void StepCountOp::getAsmResultNames(OpAsmSetValueNameFn setNameFn) {
+  setNameFn(getResult(), "step");
+}
+
+LogicalResult StepCountOp::verify() {
+  return verifyDeclarationParent(*this);
+}
+
+//===----------------------------------------------------------------------===//
+// StateOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult StateOp::verify() {
+  if (!isIdentifier(getName()))
+    return emitOpError() << "state name must be an identifier, got \""
+                         << getName() << "\"";
+  if (isElided() && !getElidable())
+    return emitOpError() << "state \"" << getName()
+                         << "\" is elided but not declared elidable";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// UpdateOp
+//===----------------------------------------------------------------------===//
+
+void UpdateOp::getAsmBlockArgumentNames(Region &region,
+                                        OpAsmSetValueNameFn setNameFn) {
+  if (&region != &getBody() || region.empty())
+    return;
+  Block &block = region.front();
+  if (block.getNumArguments() >= 1)
+    setNameFn(block.getArgument(0), "theta");
+  if (block.getNumArguments() >= 2)
+    setNameFn(block.getArgument(1), "grad");
+  auto optimizer = dyn_cast_or_null<OptimizerOp>(getOperation()->getParentOp());
+  if (!optimizer)
+    return;
+  unsigned i = 2;
+  for (StateOp state : getStates(optimizer)) {
+    if (i >= block.getNumArguments())
+      break;
+    if (isIdentifier(state.getName()))
+      setNameFn(block.getArgument(i), state.getName());
+    ++i;
+  }
+}
+
+ParseResult UpdateOp::parse(OpAsmParser &parser, OperationState &result) {
+  SmallVector<OpAsmParser::Argument> args;
+  if (parser.parseArgumentList(args, OpAsmParser::Delimiter::Paren,
+                               /*allowType=*/true))
+    return failure();
+  if (parser.parseOptionalAttrDictWithKeyword(result.attributes))
+    return failure();
+  Region *body = result.addRegion();
+  if (parser.parseRegion(*body, args))
+    return failure();
+  UpdateOp::ensureTerminator(*body, parser.getBuilder(), result.location);
+  return success();
+}
+
+void UpdateOp::print(OpAsmPrinter &p) {
+  p << "(";
+  llvm::interleaveComma(getBody().getArguments(), p, [&](BlockArgument arg) {
+    p.printRegionArgument(arg);
+  });
+  p << ")";
+  p.printOptionalAttrDictWithKeyword((*this)->getAttrs());
+  p << " ";
+  p.printRegion(getBody(), /*printEntryBlockArgs=*/false,
+                /*printBlockTerminators=*/true);
+}
+
+LogicalResult UpdateOp::verifyRegions() {
+  auto optimizer = cast<OptimizerOp>(getOperation()->getParentOp());
+  size_t numStates = getStates(optimizer).size();
+  Block &block = getBody().front();
+  size_t expected = 2 + numStates;
+  if (block.getNumArguments() != expected)
+    return emitOpError() << "expects " << expected
+                         << " block arguments (master weight, gradient and "
+                         << numStates << " states), found "
+                         << block.getNumArguments();
+  for (auto [i, arg] : llvm::enumerate(block.getArguments()))
+    if (!arg.getType().isF32())
+      return emitOpError() << "block argument #" << i << " must be f32, found "
+                           << arg.getType();
+  for (Operation &op : block.without_terminator()) {
+    if (!isScalarMathOp(&op))
+      return op.emitOpError()
+             << "is not allowed in an update rule (only scalar arith and math "
+                "operations)";
+    if (failed(verifyScalarOperands(&op, &op, "an update rule")))
+      return failure();
+    if (op.getNumRegions() != 0)
+      return op.emitOpError() << "must not have regions in an update rule";
+  }
+  auto yield = cast<YieldOp>(block.getTerminator());
+  if (yield.getValues().size() != 1 + numStates)
+    return yield.emitOpError()
+           << "must yield " << 1 + numStates << " values (master weight and "
+           << numStates << " states), found " << yield.getValues().size();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// KernelOp
+//===----------------------------------------------------------------------===//
+
+GroupBodyOp mlir::flashopt::getGroupBody(KernelOp kernel) {
+  auto ops = kernel.getBody().front().getOps<GroupBodyOp>();
+  return ops.empty() ? GroupBodyOp() : *ops.begin();
+}
+
+int64_t KernelOp::getHyperIndex(StringRef name) {
+  for (auto [i, attr] : llvm::enumerate(getHypers()))
+    if (cast<StringAttr>(attr).getValue() == name)
+      return i;
+  return -1;
+}
+
+LogicalResult KernelOp::verify() {
+  int64_t g = getGroupSize();
+  if (g <= 0 || !llvm::isPowerOf2_64(g))
+    return emitOpError() << "group size must be a positive power of two, got "
+                         << g;
+  llvm::StringSet<> names;
+  for (Attribute a : getHypers())
+    if (!names.insert(cast<StringAttr>(a).getValue()).second)
+      return emitOpError() << "hyper-parameter \""
+                           << cast<StringAttr>(a).getValue()
+                           << "\" listed twice";
+  llvm::StringSet<> bufferNames;
+  for (Attribute a : getBuffers())
+    if (!bufferNames.insert(cast<BufferAttr>(a).getName()).second)
+      return emitOpError() << "buffer \"" << cast<BufferAttr>(a).getName()
+                           << "\" listed twice";
+  return success();
+}
+
+LogicalResult KernelOp::verifyRegions() {
+  Block &body = getBody().front();
+  int numBodies = 0;
+  for (Operation &op : body) {
+    if (isa<GroupBodyOp>(op)) {
+      ++numBodies;
+      continue;
+    }
+    if (auto hyper = dyn_cast<HyperOp>(op)) {
+      if (getHyperIndex(hyper.getName()) < 0)
+        return hyper.emitOpError() << "hyper-parameter \"" << hyper.getName()
+                                   << "\" is not listed in the kernel's hypers";
+      continue;
+    }
+    if (isa<StepCountOp, PowIOp>(op))
+      continue;
+    if (!isScalarMathOp(&op))
+      return op.emitOpError() << "is not allowed in a flashopt.kernel prologue";
+    if (failed(verifyScalarOperands(&op, &op, "a kernel prologue")))
+      return failure();
+  }
+  if (numBodies != 1)
+    return emitOpError() << "expects exactly one flashopt.group_body, found "
+                         << numBodies;
+  return verifyUniqueHypers(*this, body);
+}
+
+//===----------------------------------------------------------------------===//
+// Buffer accesses
+//===----------------------------------------------------------------------===//
+
+/// Common checks of a buffer access: index in range, rate, type, access.
+static LogicalResult verifyBufferAccess(Operation *op, int64_t index, Type type,
+                                        BufferRate rate, bool isStore) {
+  auto kernel = op->getParentOfType<KernelOp>();
+  if (!kernel)
+    return op->emitOpError() << "must be inside a flashopt.kernel";
+  int64_t numBuffers = kernel.getBuffers().size();
+  if (index < 0 || index >= numBuffers)
+    return op->emitOpError() << "buffer index " << index
+                             << " out of range (kernel has " << numBuffers
+                             << " buffers)";
+  BufferAttr buffer = kernel.getBuffer(index);
+  if (buffer.getRate() != rate)
+    return op->emitOpError()
+           << "buffer \"" << buffer.getName() << "\" holds one value per "
+           << stringifyBufferRate(buffer.getRate()) << ", not per "
+           << stringifyBufferRate(rate);
+  // arith works on signless integers: ui8 buffers are accessed as i8.
+  Type expected = buffer.getElementType();
+  if (auto it = dyn_cast<IntegerType>(expected))
+    expected = IntegerType::get(it.getContext(), it.getWidth());
+  if (expected != type)
+    return op->emitOpError() << "type " << type << " does not match buffer \""
+                             << buffer.getName() << "\" (accessed as "
+                             << expected << ")";
+  if (isStore && buffer.getAccess() != BufferAccess::readwrite)
+    return op->emitOpError() << "buffer \"" << buffer.getName()
+                             << "\" is read-only";
+  return success();
+}
+
+LogicalResult LoadElementOp::verify() {
+  return verifyBufferAccess(*this, getBuffer(), getType(), BufferRate::element,
+                            false);
+}
+
+LogicalResult StoreElementOp::verify() {
+  return verifyBufferAccess(*this, getBuffer(), getValue().getType(),
+                            BufferRate::element, true);
+}
+
+LogicalResult LoadGroupOp::verify() {
+  return verifyBufferAccess(*this, getBuffer(), getType(), BufferRate::group,
+                            false);
+}
+
+/// Whether `v`, used inside `body`, is uniform across a group: defined
+/// outside the body, or computed only from group loads, group maxima and
+/// other uniform values.
+static bool isGroupUniform(Value v, GroupBodyOp body,
+                           llvm::DenseMap<Value, bool> &cache) {
+  auto it = cache.find(v);
+  if (it != cache.end())
+    return it->second;
+  bool uniform = true;
+  Operation *def = v.getDefiningOp();
+  if (!def || !body->isProperAncestor(def)) {
+    uniform = true; // Defined outside the group body.
+  } else if (isa<GroupMaxOp, LoadGroupOp>(def)) {
+    uniform = true;
+  } else if (isa<LoadElementOp>(def) || def->getNumRegions() != 0) {
+    uniform = false;
+  } else {
+    cache[v] = false; // Guard against cycles.
+    for (Value operand : def->getOperands())
+      if (!isGroupUniform(operand, body, cache)) {
+        uniform = false;
+        break;
+      }
+  }
+  cache[v] = uniform;
+  return uniform;
+}
+
+LogicalResult StoreGroupOp::verify() {
+  if (failed(verifyBufferAccess(*this, getBuffer(), getValue().getType(),
+                                BufferRate::group, true)))
+    return failure();
+  llvm::DenseMap<Value, bool> cache;
+  auto body = (*this)->getParentOfType<GroupBodyOp>();
+  if (!isGroupUniform(getValue(), body, cache))
+    return emitOpError() << "stored value must be uniform across the group "
+                            "(computed from flashopt.group_max, "
+                            "flashopt.load_group or values defined outside "
+                            "the group body)";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// RawLoadOp / RawStoreOp
+//===----------------------------------------------------------------------===//
+
+/// Checks the mask and alignment of a raw memory access of `type`.
+static LogicalResult verifyRawAccess(Operation *op, Type type, Value mask,
+                                     int64_t alignment) {
+  if (alignment <= 0 || !llvm::isPowerOf2_64(alignment))
+    return op->emitOpError() << "alignment must be a positive power of two, got "
+                             << alignment;
+  auto vecType = dyn_cast<VectorType>(type);
+  if (vecType && (vecType.getRank() != 1 || vecType.isScalable()))
+    return op->emitOpError() << "vector accesses must be 1-D and fixed-size";
+  Type elem = vecType ? vecType.getElementType() : type;
+  if (!elem.isIntOrFloat())
+    return op->emitOpError() << "accessed type must be an integer or float "
+                                "scalar or vector, got "
+                             << type;
+  if (!mask)
+    return success();
+  if (!vecType)
+    return op->emitOpError() << "a mask requires a vector access";
+  auto maskType = cast<VectorType>(mask.getType());
+  if (maskType.getNumElements() != vecType.getNumElements())
+    return op->emitOpError() << "mask length " << maskType.getNumElements()
+                             << " does not match vector length "
+                             << vecType.getNumElements();
+  return success();
+}
+
+LogicalResult RawLoadOp::verify() {
+  return verifyRawAccess(*this, getType(), getMask(), getAlignment());
+}
+
+LogicalResult RawStoreOp::verify() {
+  return verifyRawAccess(*this, getValue().getType(), getMask(),
+                         getAlignment());
+}
+
+#define GET_OP_CLASSES
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.cpp.inc"

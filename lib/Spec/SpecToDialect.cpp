@@ -1,0 +1,313 @@
+//===- SpecToDialect.cpp - Spec files → flashopt.optimizer -----------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// Applies a parsed spec to its rule's `flashopt.optimizer`. Everything that
+/// needs the rule to be seen is checked here and reported at the spec's
+/// file:line:col, in the same format as the spec parser's own errors.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/Spec/SpecToDialect.h"
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
+#include "flashopt/Rules/BuiltinRules.h"
+#include "flashopt/Spec/Spec.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace mlir::flashopt;
+namespace spec = ::flashopt::spec;
+
+namespace {
+
+/// Prints located spec errors.
+struct Reporter {
+  llvm::raw_ostream &os;
+  bool failed = false;
+  void error(const spec::SourceLoc &loc, const std::string &message) {
+    os << spec::makeDiag(loc, message).str() << "\n";
+    failed = true;
+  }
+};
+
+std::string quotedList(llvm::ArrayRef<std::string> names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i ? ", \"" : "\"") + names[i] + "\"";
+  return out.empty() ? "none" : out;
+}
+
+Type dtypeType(MLIRContext *ctx, spec::DType d) {
+  switch (d) {
+  case spec::DType::BF16:
+    return BFloat16Type::get(ctx);
+  case spec::DType::F16:
+    return Float16Type::get(ctx);
+  case spec::DType::F32:
+    return Float32Type::get(ctx);
+  }
+  return nullptr;
+}
+
+Type storageType(MLIRContext *ctx, spec::Storage s) {
+  return parseStorageTypeName(ctx, spec::spelling(s));
+}
+
+Compander companderOf(spec::Compand c) {
+  switch (c) {
+  case spec::Compand::Softsign:
+    return Compander::softsign;
+  case spec::Compand::Sqrt:
+    return Compander::sqrt;
+  case spec::Compand::None:
+    break;
+  }
+  return Compander::none;
+}
+
+/// The rule's name for messages.
+std::string ruleName(const spec::Spec &s) {
+  return s.rule.builtin ? s.rule.name : s.rule.file;
+}
+
+/// Builds the encoding a per-state entry asks for, or null after reporting.
+Attribute encodingFor(MLIRContext *ctx, const spec::Spec &s,
+                      const spec::StateSpec &entry, StateOp state,
+                      Reporter &rep) {
+  if (entry.elided()) {
+    if (!state.getElidable()) {
+      rep.error(entry.storage.loc,
+                "state \"" + entry.name + "\" cannot be elided: rule \"" +
+                    ruleName(s) + "\" does not declare it elidable");
+      return {};
+    }
+    return ElidedAttr::get(ctx);
+  }
+  Type storage = storageType(ctx, entry.storage.value);
+  if (spec::isPlain(entry.storage.value))
+    return PlainAttr::get(ctx, storage);
+  // Quantized: what the entry leaves out comes from the rule's own
+  // encoding when that is quantized with the same signedness.
+  auto ruleQuant = dyn_cast<QuantAttr>(state.getEncoding());
+  bool isSigned = entry.storage.value == spec::Storage::I8;
+  bool inherit = ruleQuant && ruleQuant.isSigned() == isSigned;
+  Compander compand =
+      entry.compand.given ? companderOf(entry.compand.value)
+      : inherit           ? ruleQuant.getCompand()
+                          : companderOf(spec::defaultCompand(entry.storage.value));
+  Type scale = entry.scale.given ? dtypeType(ctx, entry.scale.value)
+               : inherit         ? ruleQuant.getScale()
+                                 : Float16Type::get(ctx);
+  return QuantAttr::get(ctx, storage, int64_t(s.groupSize.value), compand,
+                        scale);
+}
+
+/// Sets the group size of a rule's quantized encoding to the spec's.
+Attribute withGroup(Attribute enc, const spec::Spec &s) {
+  if (auto q = dyn_cast<QuantAttr>(enc))
+    if (s.groupSize.given || q.getGroup() != int64_t(s.groupSize.value))
+      return QuantAttr::get(q.getContext(), q.getStorage(),
+                            int64_t(s.groupSize.value), q.getCompand(),
+                            q.getScale());
+  return enc;
+}
+
+/// Applies `s` to `op`; reports every problem found.
+void applySpec(const spec::Spec &s, OptimizerOp op, Reporter &rep) {
+  MLIRContext *ctx = op.getContext();
+  op.setSymName(s.name.value);
+  Type paramType = dtypeType(ctx, s.paramDType.value);
+  Type correction;
+  if (s.correction.value == spec::Correction::I8)
+    correction = IntegerType::get(ctx, 8);
+  else if (s.correction.value == spec::Correction::I16)
+    correction = IntegerType::get(ctx, 16);
+  op.setParamAttr(MasterAttr::get(ctx, paramType, correction));
+  op.setGrad(dtypeType(ctx, s.grad.value));
+
+  SmallVector<StateOp> states = getStates(op);
+  std::vector<std::string> stateNames;
+  for (StateOp st : states)
+    stateNames.push_back(st.getName().str());
+
+  // Rule defaults first (with the spec's group size), then the spec's form.
+  for (StateOp st : states)
+    st.setEncodingAttr(withGroup(st.getEncoding(), s));
+  switch (s.statesForm.value) {
+  case spec::StatesForm::Default:
+    break;
+  case spec::StatesForm::Quantized:
+    for (StateOp st : states)
+      if (!isa<QuantAttr>(st.getEncoding()))
+        rep.error(s.statesForm.loc,
+                  "\"quantized\" asks for the rule's default quantized "
+                  "encoding, but state \"" +
+                      st.getName().str() + "\" of rule \"" + ruleName(s) +
+                      "\" has none; give its encoding explicitly");
+    break;
+  case spec::StatesForm::Plain: {
+    Type t = storageType(ctx, s.statesPlainStorage);
+    for (StateOp st : states)
+      st.setEncodingAttr(PlainAttr::get(ctx, t));
+    break;
+  }
+  case spec::StatesForm::PerState:
+    for (const spec::StateSpec &entry : s.states) {
+      auto it = llvm::find_if(states, [&](StateOp st) {
+        return st.getName() == entry.name;
+      });
+      if (it == states.end()) {
+        rep.error(entry.keyLoc, "rule \"" + ruleName(s) +
+                                    "\" has no state \"" + entry.name +
+                                    "\" (its states: " +
+                                    quotedList(stateNames) + ")");
+        continue;
+      }
+      if (Attribute enc = encodingFor(ctx, s, entry, *it, rep))
+        it->setEncodingAttr(enc);
+    }
+    break;
+  }
+
+  // Hyper-parameter defaults.
+  SmallVector<HyperOp> hypers = getHypers(op);
+  std::vector<std::string> hyperNames;
+  for (HyperOp h : hypers)
+    hyperNames.push_back(h.getName().str());
+  for (const spec::HyperSpec &h : s.hypers) {
+    auto it = llvm::find_if(
+        hypers, [&](HyperOp hop) { return hop.getName() == h.name; });
+    if (it == hypers.end()) {
+      rep.error(h.keyLoc, "rule \"" + ruleName(s) +
+                              "\" has no hyper-parameter \"" + h.name +
+                              "\" (its hyper-parameters: " +
+                              quotedList(hyperNames) + ")");
+      continue;
+    }
+    float v = float(h.value);
+    if (!std::isfinite(v)) {
+      rep.error(h.loc, "hyper-parameter \"" + h.name + "\" = " +
+                           std::to_string(h.value) + " does not fit in f32");
+      continue;
+    }
+    it->setDefaultValueAttr(FloatAttr::get(Float32Type::get(ctx), v));
+  }
+
+  // An elided state needs its hyper-parameter at 0.
+  for (StateOp st : states) {
+    if (!st.isElided() || !st.getElidable())
+      continue;
+    StringRef hyperName = *st.getElidable();
+    auto it = llvm::find_if(
+        hypers, [&](HyperOp hop) { return hop.getName() == hyperName; });
+    if (it == hypers.end())
+      continue;
+    auto def = it->getDefaultValueAttr();
+    if (def && def.getValueAsDouble() != 0.0) {
+      const spec::HyperSpec *given = s.findHyper(hyperName);
+      const spec::StateSpec *entry = s.findState(st.getName());
+      rep.error(given ? given->loc : entry ? entry->storage.loc : s.loc,
+                "state \"" + st.getName().str() +
+                    "\" is elided, so hyper-parameter \"" + hyperName.str() +
+                    "\" must default to 0 (it is " +
+                    std::to_string(def.getValueAsDouble()) + ")");
+    }
+  }
+}
+
+} // namespace
+
+
+
+std::optional<spec::LoadedSpec>
+spec::loadSpecAsOptimizer(MLIRContext &ctx, const std::string &path,
+                          llvm::raw_ostream &errs) {
+  std::vector<spec::Diagnostic> diags;
+  std::optional<spec::Spec> parsed = spec::parseSpecFile(path, diags);
+  for (const spec::Diagnostic &d : diags)
+    errs << d.str() << "\n";
+  if (!parsed)
+    return std::nullopt;
+  const spec::Spec &s = *parsed;
+  Reporter rep{errs};
+
+  std::string ruleText, bufferName;
+  if (s.rule.builtin) {
+    std::optional<std::string_view> text = ::flashopt::getBuiltinRule(s.rule.name);
+    if (!text) {
+      rep.error(s.rule.loc, "unknown built-in rule \"" + s.rule.name + "\"");
+      return std::nullopt;
+    }
+    ruleText = std::string(*text);
+    bufferName = "<builtin>/" + s.rule.name + ".mlir";
+  } else {
+    ruleText = s.rule.text;
+    bufferName = s.rule.path;
+  }
+
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(
+      llvm::MemoryBuffer::getMemBufferCopy(ruleText, bufferName), llvm::SMLoc());
+  SourceMgrDiagnosticHandler handler(sourceMgr, &ctx, errs);
+  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
+  if (!module) {
+    rep.error(s.rule.builtin ? s.rule.loc : s.rule.fileLoc,
+              "rule \"" + ruleName(s) + "\" does not parse (see above)");
+    return std::nullopt;
+  }
+  auto optimizers = llvm::to_vector(module->getOps<OptimizerOp>());
+  if (optimizers.size() != 1 ||
+      !llvm::hasSingleElement(module->getBody()->getOperations())) {
+    rep.error(s.rule.builtin ? s.rule.loc : s.rule.fileLoc,
+              "rule \"" + ruleName(s) +
+                  "\" must hold exactly one flashopt.optimizer and nothing "
+                  "else (found " +
+                  std::to_string(optimizers.size()) + " optimizers)");
+    return std::nullopt;
+  }
+  if (failed(verify(*module))) {
+    rep.error(s.rule.builtin ? s.rule.loc : s.rule.fileLoc,
+              "rule \"" + ruleName(s) + "\" is not a valid optimizer (see above)");
+    return std::nullopt;
+  }
+
+  applySpec(s, optimizers.front(), rep);
+  if (rep.failed)
+    return std::nullopt;
+
+  // Anything the spec made invalid (the verifiers say what).
+  std::string verifierMessages;
+  {
+    ScopedDiagnosticHandler capture(&ctx, [&](mlir::Diagnostic &d) {
+      verifierMessages += d.str();
+      return success();
+    });
+    if (failed(verify(*module))) {
+      rep.error(s.loc, "the spec's encodings do not fit rule \"" +
+                           ruleName(s) + "\": " + verifierMessages);
+      return std::nullopt;
+    }
+  }
+
+  spec::LoadedSpec out;
+  out.module = std::move(module);
+  out.specHash =
+      "fnv1a64:" +
+      llvm::utohexstr(spec::fnv1a64(s.canonicalJson + std::string(1, '\0') + ruleText),
+                      /*LowerCase=*/true, /*Width=*/16);
+  out.rule = s.rule.builtin ? s.rule.name : "file:" + s.rule.file;
+  out.description = s.description.value;
+  out.targets = s.targets.value;
+  return out;
+}

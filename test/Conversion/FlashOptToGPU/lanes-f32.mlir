@@ -1,0 +1,22 @@
+// RUN: flashopt-opt %s --flashopt-expand-encodings --flashopt-to-gpu | FileCheck %s
+
+// f32 streams: 4 elements per thread (one 128-bit access), a group of 32
+// spans 8 lanes: a 3-step butterfly with offsets 4, 2, 1.
+// CHECK: flashopt.raw_load %{{.*}}[%{{.*}}] {alignment = 16 : i64} : vector<4xf32>
+// CHECK: vector.reduction <maximumf>
+// CHECK: %[[C4:.*]] = arith.constant 4 : i32
+// CHECK: gpu.shuffle  xor %{{.*}}, %[[C4]]
+// CHECK: %[[C2:.*]] = arith.constant 2 : i32
+// CHECK: gpu.shuffle  xor %{{.*}}, %[[C2]]
+// CHECK: %[[C1:.*]] = arith.constant 1 : i32
+// CHECK: gpu.shuffle  xor %{{.*}}, %[[C1]]
+// CHECK-NOT: gpu.shuffle
+// CHECK: gpu.return
+flashopt.optimizer @f32_quant param(#flashopt.master<f32>) grad(f32) {
+  flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = softsign, scale = f32>
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    %m1 = arith.addf %m, %g : f32
+    %t = arith.subf %theta, %m1 : f32
+    flashopt.yield %t, %m1 : f32, f32
+  }
+}

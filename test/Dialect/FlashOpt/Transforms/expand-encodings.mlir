@@ -1,0 +1,125 @@
+// RUN: flashopt-opt %s --flashopt-expand-encodings --split-input-file | FileCheck %s
+
+// f32 parameters and a plain f32 state: no decode beyond loads, the rule is
+// inlined in order, the prologue stays outside the group body.
+// CHECK-LABEL: flashopt.kernel @sgd_f32 group_size(32)
+// CHECK-SAME: buffers([#flashopt.buffer<"param", f32, element, readwrite>, #flashopt.buffer<"grad", f32, element, read>, #flashopt.buffer<"m", f32, element, readwrite>])
+// CHECK-SAME: hypers(["lr", "mu"])
+// CHECK: %[[LR:.*]] = flashopt.hyper "lr"
+// CHECK: %[[MU:.*]] = flashopt.hyper "mu"
+// CHECK: flashopt.group_body {
+// CHECK:   %[[P:.*]] = flashopt.load_element 0 : f32
+// CHECK:   %[[G:.*]] = flashopt.load_element 1 : f32
+// CHECK:   %[[M:.*]] = flashopt.load_element 2 : f32
+// CHECK:   %[[MM:.*]] = arith.mulf %[[M]], %[[MU]] : f32
+// CHECK:   %[[MN:.*]] = arith.addf %[[MM]], %[[G]] : f32
+// CHECK:   %[[D:.*]] = arith.mulf %[[MN]], %[[LR]] : f32
+// CHECK:   %[[T:.*]] = arith.subf %[[P]], %[[D]] : f32
+// CHECK:   flashopt.store_element 0, %[[T]] : f32
+// CHECK:   flashopt.store_element 2, %[[MN]] : f32
+// CHECK-NOT: flashopt.optimizer
+flashopt.optimizer @sgd_f32 param(#flashopt.master<f32>) grad(f32) {
+  %lr = flashopt.hyper "lr" default(1.000000e-01) : f32
+  %mu = flashopt.hyper "mu" default(9.000000e-01) : f32
+  flashopt.state "m" : #flashopt.plain<f32>
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    %mm = arith.mulf %m, %mu : f32
+    %mn = arith.addf %mm, %g : f32
+    %d = arith.mulf %mn, %lr : f32
+    %t = arith.subf %theta, %d : f32
+    flashopt.yield %t, %mn : f32, f32
+  }
+}
+
+// -----
+
+// bf16 + i8 correction: decode from the exponent bits (scale exponent ℓ,
+// ρ/127, exact power-of-two scaling), encode with RTNE narrowing and round
+// half away from zero.
+// CHECK-LABEL: flashopt.kernel @ecc
+// CHECK-SAME: #flashopt.buffer<"param", bf16, element, readwrite>, #flashopt.buffer<"correction", i8, element, readwrite>, #flashopt.buffer<"grad", bf16, element, read>
+// CHECK: %[[P:.*]] = flashopt.load_element 0 : bf16
+// CHECK: %[[R:.*]] = flashopt.load_element 1 : i8
+// CHECK: arith.extf %[[P]] : bf16 to f32
+// CHECK: arith.bitcast %[[P]] : bf16 to i16
+// CHECK: arith.constant 32767 : i16
+// CHECK: arith.shrui {{.*}} : i16
+// CHECK: arith.constant 135 : i32
+// CHECK: arith.constant -134 : i32
+// CHECK: arith.sitofp %[[R]] : i8 to f32
+// CHECK: arith.constant 1.270000e+02 : f32
+// CHECK: arith.divf
+// CHECK: arith.shrsi
+// CHECK: arith.shli {{.*}} : i32
+// CHECK: arith.bitcast {{.*}} : i32 to f32
+// CHECK: %[[NEW:.*]] = arith.truncf {{.*}} : f32 to bf16
+// CHECK: arith.maximumf
+// CHECK: arith.minimumf
+// CHECK: math.floor
+// CHECK: math.copysign
+// CHECK: arith.cmpf uno
+// CHECK: %[[RHO:.*]] = arith.fptosi {{.*}} : f32 to i8
+// CHECK: flashopt.store_element 0, %[[NEW]] : bf16
+// CHECK: flashopt.store_element 1, %[[RHO]] : i8
+flashopt.optimizer @ecc param(#flashopt.master<bf16, correction = i8>) grad(bf16) {
+  flashopt.update(%theta: f32, %g: f32) {
+    %t = arith.subf %theta, %g : f32
+    flashopt.yield %t : f32
+  }
+}
+
+// -----
+
+// Companded 8-bit states: softsign inverse on decode, group absmax via
+// flashopt.group_max, 1e-12 floor, f16 scale, floor(x*N + 0.5) codes.
+// CHECK-LABEL: flashopt.kernel @quant
+// CHECK-SAME: #flashopt.buffer<"m.codes", i8, element, readwrite>, #flashopt.buffer<"m.scales", f16, group, readwrite>, #flashopt.buffer<"v.codes", ui8, element, readwrite>, #flashopt.buffer<"v.scales", bf16, group, readwrite>
+// CHECK: %[[MC:.*]] = flashopt.load_element 2 : i8
+// CHECK: %[[MS:.*]] = flashopt.load_group 3 : f16
+// CHECK: arith.sitofp %[[MC]] : i8 to f32
+// CHECK: arith.constant 2.000000e+00 : f32
+// CHECK: %[[VC:.*]] = flashopt.load_element 4 : i8
+// CHECK: %[[VS:.*]] = flashopt.load_group 5 : bf16
+// CHECK: arith.uitofp %[[VC]] : i8 to f32
+// CHECK: arith.constant 2.550000e+02 : f32
+// CHECK: %[[ABS:.*]] = math.absf
+// CHECK: %[[GM:.*]] = flashopt.group_max %[[ABS]] : f32
+// CHECK: %[[A:.*]] = arith.maximumf %[[GM]], %{{.*}} : f32
+// CHECK: %[[S:.*]] = arith.truncf %[[A]] : f32 to f16
+// CHECK: math.floor
+// CHECK: arith.fptosi {{.*}} : f32 to i8
+// CHECK: flashopt.store_group 3, %[[S]] : f16
+// CHECK: flashopt.store_element 2
+// CHECK: math.sqrt
+// CHECK: flashopt.group_max
+// CHECK: arith.truncf {{.*}} : f32 to bf16
+// CHECK: arith.fptoui {{.*}} : f32 to i8
+// CHECK: flashopt.store_group 5
+// CHECK: flashopt.store_element 4
+flashopt.optimizer @quant param(#flashopt.master<f32>) grad(f32) {
+  flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
+  flashopt.state "v" : #flashopt.quant<ui8, group = 32, compand = sqrt, scale = bf16>
+  flashopt.update(%theta: f32, %g: f32, %m: f32, %v: f32) {
+    %m1 = arith.addf %m, %g : f32
+    %gg = arith.mulf %g, %g : f32
+    %v1 = arith.addf %v, %gg : f32
+    flashopt.yield %theta, %m1, %v1 : f32, f32, f32
+  }
+}
+
+// -----
+
+// An elided state reads as 0.0 and is not stored.
+// CHECK-LABEL: flashopt.kernel @elided
+// CHECK-SAME: buffers([#flashopt.buffer<"param", f16, element, readwrite>, #flashopt.buffer<"grad", f16, element, read>])
+// CHECK: flashopt.group_body
+// CHECK: arith.constant 0.000000e+00 : f32
+// CHECK-NOT: flashopt.store_element 2
+flashopt.optimizer @elided param(#flashopt.master<f16>) grad(f16) {
+  %mu = flashopt.hyper "momentum" default(0.000000e+00) : f32
+  flashopt.state "m" elidable("momentum") : #flashopt.elided
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    %t = arith.subf %theta, %g : f32
+    flashopt.yield %t, %m : f32, f32
+  }
+}

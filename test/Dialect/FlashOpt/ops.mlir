@@ -1,0 +1,83 @@
+// RUN: flashopt-opt %s | flashopt-opt | FileCheck %s
+// RUN: flashopt-opt %s --mlir-print-op-generic | flashopt-opt | FileCheck %s
+
+// CHECK-LABEL: flashopt.optimizer @adam_like
+// CHECK-SAME: param(#flashopt.master<bf16, correction = i8>) grad(bf16)
+flashopt.optimizer @adam_like param(#flashopt.master<bf16, correction = i8>) grad(bf16) {
+  // CHECK: %lr = flashopt.hyper "lr" default(1.000000e-03) : f32
+  %lr = flashopt.hyper "lr" default(1.000000e-03) : f32
+  // CHECK: %beta = flashopt.hyper "beta" : f32
+  %beta = flashopt.hyper "beta" : f32
+  // CHECK: %step = flashopt.step_count : i64
+  %t = flashopt.step_count : i64
+  // CHECK: flashopt.powi %beta, %step : f32, i64
+  %p = flashopt.powi %beta, %t : f32, i64
+  // CHECK: flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
+  flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
+  // CHECK: flashopt.state "v" : #flashopt.quant<ui8, group = 32, compand = sqrt, scale = bf16>
+  flashopt.state "v" : #flashopt.quant<ui8, group = 32, compand = sqrt, scale = bf16>
+  // CHECK: flashopt.state "w" : #flashopt.plain<f16>
+  flashopt.state "w" : #flashopt.plain<f16>
+  // CHECK: flashopt.update(%theta: f32, %grad: f32, %m: f32, %v: f32, %w: f32) {
+  flashopt.update(%theta: f32, %g: f32, %m: f32, %v: f32, %w: f32) {
+    // CHECK: arith.mulf %grad, %lr : f32
+    %d = arith.mulf %g, %lr : f32
+    %n = arith.subf %theta, %d : f32
+    // CHECK: flashopt.yield %{{.*}}, %m, %v, %w : f32, f32, f32, f32
+    flashopt.yield %n, %m, %v, %w : f32, f32, f32, f32
+  }
+}
+
+// CHECK-LABEL: flashopt.optimizer @plain_f32
+// CHECK-SAME: param(#flashopt.master<f32>) grad(f32)
+flashopt.optimizer @plain_f32 param(#flashopt.master<f32>) grad(f32) {
+  %lr = flashopt.hyper "lr" default(1.000000e-02) : f32
+  // CHECK: flashopt.state "momentum_buffer" elidable("lr") : #flashopt.elided
+  flashopt.state "momentum_buffer" elidable("lr") : #flashopt.elided
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    %d = arith.mulf %g, %lr : f32
+    %n = arith.subf %theta, %d : f32
+    flashopt.yield %n, %m : f32, f32
+  }
+}
+
+// CHECK-LABEL: flashopt.optimizer @fp16_i16
+// CHECK-SAME: param(#flashopt.master<f16, correction = i16>) grad(f32)
+flashopt.optimizer @fp16_i16 param(#flashopt.master<f16, correction = i16>) grad(f32) {
+  flashopt.update(%theta: f32, %g: f32) {
+    flashopt.yield %theta : f32
+  }
+}
+
+// CHECK-LABEL: flashopt.kernel @k group_size(32)
+// CHECK-SAME: buffers([#flashopt.buffer<"param", f32, element, readwrite>, #flashopt.buffer<"s.scales", f16, group, readwrite>, #flashopt.buffer<"grad", f32, element, read>])
+// CHECK-SAME: hypers(["lr"])
+flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>, #flashopt.buffer<"s.scales", f16, group, readwrite>, #flashopt.buffer<"grad", f32, element, read>]) hypers(["lr"]) {
+  %lr = flashopt.hyper "lr" default(1.000000e-03) : f32
+  // CHECK: flashopt.group_body {
+  flashopt.group_body {
+    // CHECK: flashopt.load_element 0 : f32
+    %p = flashopt.load_element 0 : f32
+    // CHECK: flashopt.load_group 1 : f16
+    %s = flashopt.load_group 1 : f16
+    %a = math.absf %p : f32
+    // CHECK: flashopt.group_max %{{.*}} : f32
+    %m = flashopt.group_max %a : f32
+    %mh = arith.truncf %m : f32 to f16
+    // CHECK: flashopt.store_group 1, %{{.*}} : f16
+    flashopt.store_group 1, %mh : f16
+    // CHECK: flashopt.store_element 0, %{{.*}} : f32
+    flashopt.store_element 0, %p : f32
+  }
+}
+
+// CHECK-LABEL: func.func @raw
+func.func @raw(%base: i64, %i: index, %mask: vector<8xi1>, %v: vector<8xbf16>) -> vector<8xbf16> {
+  // CHECK: flashopt.raw_load %{{.*}}[%{{.*}}] {alignment = 16 : i64} : vector<8xbf16>
+  %a = flashopt.raw_load %base[%i] {alignment = 16} : vector<8xbf16>
+  // CHECK: flashopt.raw_load %{{.*}}[%{{.*}}] mask(%{{.*}} : vector<8xi1>) : vector<8xbf16>
+  %b = flashopt.raw_load %base[%i] mask(%mask : vector<8xi1>) : vector<8xbf16>
+  // CHECK: flashopt.raw_store %{{.*}}, %{{.*}}[%{{.*}}] mask(%{{.*}} : vector<8xi1>) {alignment = 2 : i64} : vector<8xbf16>
+  flashopt.raw_store %a, %base[%i] mask(%mask : vector<8xi1>) {alignment = 2} : vector<8xbf16>
+  return %b : vector<8xbf16>
+}

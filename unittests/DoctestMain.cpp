@@ -1,0 +1,3 @@
+//===- DoctestMain.cpp - doctest entry point for flashopt unit tests ------===//
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
