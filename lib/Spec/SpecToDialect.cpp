@@ -263,7 +263,7 @@ spec::loadSpecAsOptimizer(MLIRContext &ctx, const std::string &path,
   OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
   if (!module) {
     rep.error(s.rule.builtin ? s.rule.loc : s.rule.fileLoc,
-              "rule \"" + ruleName(s) + "\" does not parse (see above)");
+              "rule \"" + ruleName(s) + "\" does not parse or verify (see above)");
     return std::nullopt;
   }
   auto optimizers = llvm::to_vector(module->getOps<OptimizerOp>());

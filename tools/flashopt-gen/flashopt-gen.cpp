@@ -430,6 +430,7 @@ int main(int argc, char **argv) {
   ::flashopt::registerAllDialects(registry);
   MLIRContext ctx(registry);
   ctx.loadAllAvailableDialects();
+  ctx.printOpOnDiagnostic(false);
 
   // Parse and check every input before writing anything.
   std::vector<Job> jobs;
