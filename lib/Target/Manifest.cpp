@@ -110,6 +110,7 @@ std::string flashopt::renderManifest(const ManifestInfo &info) {
       e["features"] = k.features;
     } else {
       e["threads_per_block"] = k.threadsPerBlock;
+      e["elements_per_thread"] = k.elementsPerThread;
       e["registers"] = k.registers;
       e["spill_stores"] = k.spillStores;
       e["spill_loads"] = k.spillLoads;

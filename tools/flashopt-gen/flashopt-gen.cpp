@@ -378,6 +378,7 @@ int buildBundle(Job &job, const std::vector<target::HostCPU> &cpus,
     k.file = base + ".ptx";
     k.symbol = name;
     k.threadsPerBlock = 256;
+    k.elementsPerThread = gpuElementsPerThread(kernel, gpuBytesPerThread);
     if (ptxas) {
       auto assembled = target::runPtxas(*ptxas, *ptx, chip);
       if (!assembled)

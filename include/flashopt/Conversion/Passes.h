@@ -70,6 +70,12 @@ struct GPUPipelineOptions {
 /// serialization to PTX).
 void buildGPUPipeline(OpPassManager &pm, const GPUPipelineOptions &options);
 
+class KernelOp;
+
+/// Elements each GPU thread handles for `kernel` (what flashopt-to-gpu
+/// chooses with the given bytes-per-thread option; 0 = automatic).
+int64_t gpuElementsPerThread(KernelOp kernel, int64_t bytesPerThread = 0);
+
 /// Registers the named pipelines (flashopt-cpu-pipeline, ...).
 void registerFlashOptPipelines();
 

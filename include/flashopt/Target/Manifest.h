@@ -62,6 +62,8 @@ struct ManifestKernel {
   /// (-1 when unknown).
   int64_t threadsPerBlock = 0, registers = -1, spillStores = -1,
           spillLoads = -1;
+  /// GPU only: elements per thread; a group spans group_size / this lanes.
+  int64_t elementsPerThread = 0;
   std::string cubin; ///< GPU only: cubin path, "" if ptxas was not run
 };
 

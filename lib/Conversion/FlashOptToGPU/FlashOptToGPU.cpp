@@ -84,8 +84,7 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
                           int64_t bytesPerThread) {
   Location loc = kernel.getLoc();
   int64_t groupSize = kernel.getGroupSize();
-  int64_t width =
-      std::min(elementsPerThread(kernel, bytesPerThread), groupSize);
+  int64_t width = gpuElementsPerThread(kernel, bytesPerThread);
   int64_t lanesPerGroup = groupSize / width;
   if (lanesPerGroup > kWarpSize)
     return kernel.emitOpError()
@@ -235,6 +234,18 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
   kernel.erase();
   return success();
 }
+
+} // namespace
+
+int64_t mlir::flashopt::gpuElementsPerThread(KernelOp kernel,
+                                             int64_t bytesPerThread) {
+  int64_t bytes =
+      bytesPerThread > 0 ? bytesPerThread : defaultBytesPerThread(kernel);
+  return std::min<int64_t>(elementsPerThread(kernel, bytes),
+                           int64_t(kernel.getGroupSize()));
+}
+
+namespace {
 
 struct FlashOptToGPUPass
     : mlir::flashopt::impl::FlashOptToGPUBase<FlashOptToGPUPass> {
