@@ -243,13 +243,13 @@ struct Tensor {
 void checkSpec(const fs::path &bundle, const json &manifest,
                const json &kernelEntry, const std::vector<int64_t> &sizes,
                const std::map<std::string, float> &hypers, uint32_t seed,
-               int steps, int chunks) {
+               int steps, int chunks, bool nonFinite = false) {
   std::string file = (bundle / kernelEntry["file"].get<std::string>()).string();
   void *lib = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   REQUIRE_MESSAGE(lib != nullptr, "dlopen " << file << ": " << dlerror());
   auto fn = reinterpret_cast<KernelFn>(
       dlsym(lib, kernelEntry["symbol"].get<std::string>().c_str()));
-  REQUIRE(fn != nullptr);
+  REQUIRE(reinterpret_cast<void *>(fn) != nullptr);
 
   const json &bufs = manifest["buffers"];
   int64_t groupSize = manifest["group_size"];
@@ -268,6 +268,28 @@ void checkSpec(const fs::path &bundle, const json &manifest,
       bool positive = name.rfind("exp_avg_sq", 0) == 0;
       fillBuffer(rng, b, data.data(), count, positive);
       t.buffers.push_back(std::move(data));
+    }
+    if (nonFinite && n > 3) {
+      // NaN and Inf gradients (docs/NUMERICS.md §5): they propagate to the
+      // element and its group's states; kernels and reference agree on how.
+      size_t g = 2; // the grad buffer follows param (and correction)
+      if (manifest["param"]["correction"] != "none")
+        g = 2;
+      else
+        g = 1;
+      std::string gd = bufs[g]["dtype"];
+      float bad[2] = {std::nanf(""), INFINITY};
+      int64_t at[2] = {n / 2, n / 3};
+      for (int k = 0; k < 2; ++k) {
+        if (gd == "f32")
+          reinterpret_cast<float *>(t.buffers[g].data())[at[k]] = bad[k];
+        else if (gd == "bf16")
+          reinterpret_cast<uint16_t *>(t.buffers[g].data())[at[k]] =
+              ref::f32_to_bf16(bad[k]);
+        else
+          reinterpret_cast<uint16_t *>(t.buffers[g].data())[at[k]] =
+              ref::f32_to_f16(bad[k]);
+      }
     }
     kernelSide.push_back(t);
     refSide.push_back(t);
@@ -407,6 +429,9 @@ TEST_CASE("CPU kernels match the scalar reference bit for bit") {
         for (int v = 0; v < 2; ++v)
           checkSpec(b, m, k, sizes, hyperVariant(rule, v), 1234u + v,
                     /*steps=*/5, /*chunks=*/v == 0 ? 1 : 7);
+        // NaN/Inf gradients in every tensor.
+        checkSpec(b, m, k, sizes, hyperVariant(rule, 0), 99u, /*steps=*/3,
+                  /*chunks=*/3, /*nonFinite=*/true);
       }
     }
   }

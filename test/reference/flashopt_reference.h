@@ -1,0 +1,537 @@
+//===- flashopt_reference.h - Independent scalar reference ------*- C++ -*-===//
+//
+// Part of flashopt (test code only).
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// A scalar implementation of docs/NUMERICS.md, written from the contract
+/// and sharing nothing with the compiler or the rule text. Every f32
+/// operation is one IEEE rounding in the documented order; compile with
+/// -ffp-contract=off. Buffers are laid out as the kernel ABI's
+/// (docs/KERNEL-ABI.md), so generated kernels can be compared bit for bit.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_TEST_REFERENCE_FLASHOPT_REFERENCE_H
+#define FLASHOPT_TEST_REFERENCE_FLASHOPT_REFERENCE_H
+
+// Built with -ffp-contract=off (see the CMake targets that include it).
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace flashopt::ref {
+
+enum class DType { BF16, F16, F32, I8, U8, I16, None };
+enum class Compand { None, Softsign, Sqrt };
+
+struct QuantEncoding {
+  bool isSigned = true;
+  Compand compand = Compand::None;
+  DType scale = DType::F16;
+  int group = 32;
+};
+
+struct StateEncoding {
+  bool quantized = false;
+  DType plain = DType::F32;
+  QuantEncoding q;
+};
+
+struct Config {
+  std::string rule;
+  DType param = DType::BF16;
+  DType correction = DType::None;
+  DType grad = DType::BF16;
+  std::vector<StateEncoding> states;
+  int group_size = 32;
+};
+
+//===----------------------------------------------------------------------===//
+// Bit-level conversions (RTNE)
+//===----------------------------------------------------------------------===//
+
+inline uint32_t bitsOf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float floatOf(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = bitsOf(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) // NaN: keep sign, quiet it.
+    return uint16_t((u >> 16) | 0x0040u);
+  uint32_t lsb = (u >> 16) & 1u;
+  return uint16_t((u + 0x7FFFu + lsb) >> 16);
+}
+inline float bf16_to_f32(uint16_t h) { return floatOf(uint32_t(h) << 16); }
+
+inline uint16_t f32_to_f16(float f) {
+  uint32_t u = bitsOf(f);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) // NaN
+    return uint16_t(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+  if (a >= 0x477FF000u) // >= 65520 rounds to inf
+    return uint16_t(sign | 0x7C00u);
+  if (a >= 0x38800000u) { // normal f16 (>= 2^-14)
+    uint32_t mant = a & 0x7FFFFFu;
+    uint32_t exp = (a >> 23) - 127 + 15;
+    uint32_t h = (exp << 10) | (mant >> 13);
+    uint32_t rest = mant & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+      ++h;
+    return uint16_t(sign | h);
+  }
+  if (a < 0x33000000u) // below half the smallest subnormal (2^-25): zero
+    return uint16_t(sign);
+  // Subnormal f16: value = m * 2^-24.
+  uint32_t exp = a >> 23;
+  uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
+  uint32_t shift = 126 - exp; // 2^(exp-127) * mant/2^23 / 2^-24
+  uint32_t h = mant >> (shift);
+  uint32_t rest = mant & ((1u << shift) - 1);
+  uint32_t half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (h & 1u)))
+    ++h;
+  return uint16_t(sign | h);
+}
+inline float f16_to_f32(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t mant = h & 0x3FFu;
+  if (exp == 0x1F)
+    return floatOf(sign | 0x7F800000u | (mant << 13));
+  if (exp == 0) {
+    float v = float(mant) * 5.9604644775390625e-8f; // exact: mant * 2^-24
+    return sign ? -v : v;
+  }
+  return floatOf(sign | ((exp - 15 + 127) << 23) | (mant << 13));
+}
+
+/// Widens a narrow storage value (bits in `raw`) to f32.
+inline float widen(DType t, const void *p, int64_t i) {
+  switch (t) {
+  case DType::F32:
+    return static_cast<const float *>(p)[i];
+  case DType::BF16:
+    return bf16_to_f32(static_cast<const uint16_t *>(p)[i]);
+  case DType::F16:
+    return f16_to_f32(static_cast<const uint16_t *>(p)[i]);
+  default:
+    return 0.0f;
+  }
+}
+/// Narrows an f32 to storage `t` and stores it.
+inline void narrowStore(DType t, void *p, int64_t i, float v) {
+  switch (t) {
+  case DType::F32:
+    static_cast<float *>(p)[i] = v;
+    break;
+  case DType::BF16:
+    static_cast<uint16_t *>(p)[i] = f32_to_bf16(v);
+    break;
+  case DType::F16:
+    static_cast<uint16_t *>(p)[i] = f32_to_f16(v);
+    break;
+  default:
+    break;
+  }
+}
+inline uint16_t narrowBits(DType t, float v) {
+  return t == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+inline float widenBits(DType t, uint16_t b) {
+  return t == DType::BF16 ? bf16_to_f32(b) : f16_to_f32(b);
+}
+
+//===----------------------------------------------------------------------===//
+// Master weight (docs/NUMERICS.md §1)
+//===----------------------------------------------------------------------===//
+
+/// 2^k for k in [-126, 127], exact.
+inline float pow2(int32_t k) { return floatOf(uint32_t(k + 127) << 23); }
+
+/// ℓ with 2^ℓ = ULP(θ')/2, from the narrow value's bits.
+inline int32_t ell(uint16_t narrow, DType p) {
+  int32_t m = p == DType::BF16 ? 7 : 10;
+  int32_t bias = p == DType::BF16 ? 127 : 15;
+  int32_t field = int32_t((narrow & 0x7FFFu) >> m);
+  int32_t e = field == 0 ? 1 - bias : field - bias;
+  return e - m - 1;
+}
+
+inline int32_t correctionMax(DType c) { return c == DType::I8 ? 127 : 32767; }
+
+inline float ecc_decode(uint16_t narrow, int32_t rho, DType p, DType c) {
+  float r = widenBits(p, narrow);
+  int32_t l = ell(narrow, p);
+  float cc = float(rho) / float(correctionMax(c));
+  int32_t h = l >> 1;
+  float e1 = cc * pow2(h);
+  float e = e1 * pow2(l - h);
+  return r + e;
+}
+
+/// NaN-propagating max/min (as arith.maximumf/minimumf).
+inline float maximumf(float a, float b) {
+  if (std::isnan(a) || std::isnan(b))
+    return NAN;
+  if (a == 0.0f && b == 0.0f)
+    return std::signbit(a) ? b : a;
+  return a > b ? a : b;
+}
+inline float minimumf(float a, float b) {
+  if (std::isnan(a) || std::isnan(b))
+    return NAN;
+  if (a == 0.0f && b == 0.0f)
+    return std::signbit(a) ? a : b;
+  return a < b ? a : b;
+}
+
+inline void ecc_encode(float theta, DType p, DType c, uint16_t *narrowOut,
+                       int32_t *rhoOut) {
+  uint16_t nb = narrowBits(p, theta);
+  float r = widenBits(p, nb);
+  float e = theta - r;
+  int32_t a = -ell(nb, p);
+  int32_t h = a >> 1;
+  float en1 = e * pow2(h);
+  float en = en1 * pow2(a - h);
+  float ec = minimumf(maximumf(en, -1.0f), 1.0f);
+  float s = ec * float(correctionMax(c));
+  float rho;
+  if (std::isnan(s)) {
+    rho = 0.0f;
+  } else {
+    float fl = std::floor(std::fabs(s) + 0.5f);
+    rho = std::copysign(fl, s);
+  }
+  *narrowOut = nb;
+  *rhoOut = int32_t(rho);
+}
+
+//===----------------------------------------------------------------------===//
+// States (docs/NUMERICS.md §2)
+//===----------------------------------------------------------------------===//
+
+inline float scaleToF32(DType t, uint32_t bits) {
+  if (t == DType::F32)
+    return floatOf(bits);
+  return widenBits(t, uint16_t(bits));
+}
+inline uint32_t scaleFromF32(DType t, float v) {
+  if (t == DType::F32)
+    return bitsOf(v);
+  return narrowBits(t, v);
+}
+
+inline float dequantize(int32_t code, uint32_t scaleBits,
+                        const QuantEncoding &enc) {
+  float n_max = enc.isSigned ? 127.0f : 255.0f;
+  float t = float(code) / n_max;
+  float n = t;
+  if (enc.compand == Compand::Softsign)
+    n = t / (2.0f - std::fabs(t));
+  float x = n * scaleToF32(enc.scale, scaleBits);
+  if (enc.compand == Compand::Sqrt)
+    x = x * x;
+  return x;
+}
+
+/// Quantizes the first `n` values of a group; returns the scale bits.
+inline uint32_t quantize_group(const float *x, int n, const QuantEncoding &enc,
+                               int32_t *codes) {
+  float nmax = enc.isSigned ? 127.0f : 255.0f;
+  std::vector<float> y(n);
+  float a = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    y[i] = enc.compand == Compand::Sqrt ? std::sqrt(x[i]) : x[i];
+    a = maximumf(a, std::fabs(y[i]));
+  }
+  a = maximumf(a, 1e-12f);
+  for (int i = 0; i < n; ++i) {
+    float nn = y[i] / a;
+    float t = nn;
+    if (enc.compand == Compand::Softsign) {
+      float two_n = 2.0f * nn;
+      float den = 1.0f + std::fabs(nn);
+      t = two_n / den;
+    }
+    float scaled = t * nmax;
+    float f = std::floor(scaled + 0.5f);
+    float q;
+    if (std::isnan(f))
+      q = 0.0f;
+    else
+      q = minimumf(maximumf(f, enc.isSigned ? -nmax : 0.0f), nmax);
+    codes[i] = int32_t(q);
+  }
+  return scaleFromF32(enc.scale, a);
+}
+
+//===----------------------------------------------------------------------===//
+// Rules (docs/NUMERICS.md §3-4)
+//===----------------------------------------------------------------------===//
+
+inline float powi(float x, int64_t n) {
+  float r = 1.0f, b = x;
+  while (n > 0) {
+    if (n & 1)
+      r = r * b;
+    b = b * b;
+    n >>= 1;
+  }
+  return r;
+}
+
+inline std::vector<std::string> state_names(const std::string &rule) {
+  if (rule == "sgd" || rule == "sgdw")
+    return {"momentum_buffer"};
+  if (rule == "adam" || rule == "adamw")
+    return {"exp_avg", "exp_avg_sq"};
+  if (rule == "lion")
+    return {"exp_avg"};
+  return {};
+}
+
+inline std::map<std::string, float> default_hypers(const std::string &rule) {
+  if (rule == "adam")
+    return {{"lr", 1e-3f}, {"beta1", 0.9f}, {"beta2", 0.999f},
+            {"eps", 1e-8f}, {"weight_decay", 0.0f}};
+  if (rule == "adamw")
+    return {{"lr", 1e-3f},         {"beta1", 0.9f},       {"beta2", 0.999f},
+            {"eps", 1e-8f},        {"weight_decay", 1e-2f}, {"decouple_lr", 0.0f},
+            {"initial_lr", 1e-3f}};
+  if (rule == "sgd")
+    return {{"lr", 1e-3f}, {"momentum", 0.0f}, {"dampening", 0.0f},
+            {"weight_decay", 0.0f}, {"nesterov", 0.0f}};
+  if (rule == "sgdw")
+    return {{"lr", 1e-3f},          {"momentum", 0.0f},   {"dampening", 0.0f},
+            {"weight_decay", 0.0f}, {"nesterov", 0.0f},   {"decouple_lr", 0.0f},
+            {"initial_lr", 1e-3f}};
+  if (rule == "lion")
+    return {{"lr", 1e-4f},          {"beta1", 0.9f},      {"beta2", 0.99f},
+            {"weight_decay", 0.0f}, {"decouple_lr", 0.0f}, {"initial_lr", 1e-4f}};
+  return {};
+}
+
+/// Per-step scalars and the element rule of one built-in optimizer.
+struct Rule {
+  std::string name;
+  std::map<std::string, float> h;
+  int64_t t = 1;
+  float omb1 = 0, omb2 = 0, bc1 = 0, bc2 = 0, dec = 1, omd = 0;
+
+  Rule(const std::string &rule, const std::map<std::string, float> &hypers,
+       int64_t step)
+      : name(rule), h(default_hypers(rule)), t(step) {
+    for (auto &kv : hypers)
+      if (h.count(kv.first))
+        h[kv.first] = kv.second;
+    if (name == "adam" || name == "adamw") {
+      omb1 = 1.0f - h["beta1"];
+      omb2 = 1.0f - h["beta2"];
+      bc1 = 1.0f - powi(h["beta1"], t);
+      bc2 = 1.0f - powi(h["beta2"], t);
+    }
+    if (name == "lion") {
+      omb1 = 1.0f - h["beta1"];
+      omb2 = 1.0f - h["beta2"];
+    }
+    if (name == "sgd" || name == "sgdw")
+      omd = 1.0f - h["dampening"];
+    if (name == "adamw" || name == "sgdw" || name == "lion") {
+      float ratio = h["lr"] / h["initial_lr"];
+      float wrel = h["weight_decay"] * ratio;
+      float wabs = h["weight_decay"] * h["lr"];
+      float w = h["decouple_lr"] != 0.0f ? wrel : wabs;
+      dec = 1.0f - w;
+    }
+  }
+
+  /// Updates theta and the states in place.
+  void apply(float &theta, float g, std::vector<float> &s) const {
+    auto H = [&](const char *k) { return h.at(k); };
+    if (name == "adam" || name == "adamw") {
+      if (name == "adam") {
+        float decay = theta * H("weight_decay");
+        g = g + decay;
+      }
+      float mb = s[0] * H("beta1");
+      float gb = g * omb1;
+      s[0] = mb + gb;
+      float vb = s[1] * H("beta2");
+      float gg = g * g;
+      float ggb = gg * omb2;
+      s[1] = vb + ggb;
+      if (name == "adamw")
+        theta = theta * dec;
+      float mh = s[0] / bc1;
+      float vh = s[1] / bc2;
+      float num = H("lr") * mh;
+      float sq = std::sqrt(vh);
+      float den = sq + H("eps");
+      float upd = num / den;
+      theta = theta - upd;
+    } else if (name == "sgd" || name == "sgdw") {
+      if (name == "sgd") {
+        float decay = theta * H("weight_decay");
+        g = g + decay;
+      }
+      float mmu = s[0] * H("momentum");
+      float gd = g * omd;
+      s[0] = mmu + gd;
+      if (name == "sgdw")
+        theta = theta * dec;
+      float mum = H("momentum") * s[0];
+      float nest = g + mum;
+      float withM = H("nesterov") != 0.0f ? nest : s[0];
+      float u = H("momentum") == 0.0f ? g : withM;
+      float step = u * H("lr");
+      theta = theta - step;
+    } else if (name == "lion") {
+      float mb1 = s[0] * H("beta1");
+      float gb1 = g * omb1;
+      float c = mb1 + gb1;
+      float u = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : 0.0f);
+      float mb2 = s[0] * H("beta2");
+      float gb2 = g * omb2;
+      s[0] = mb2 + gb2;
+      theta = theta * dec;
+      float step = u * H("lr");
+      theta = theta - step;
+    }
+  }
+};
+
+inline int dtypeBytes(DType t) {
+  switch (t) {
+  case DType::F32:
+    return 4;
+  case DType::BF16:
+  case DType::F16:
+  case DType::I16:
+    return 2;
+  case DType::I8:
+  case DType::U8:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+/// One step over a whole tensor; `buffers` in kernel ABI order.
+inline void reference_step(const Config &cfg,
+                           const std::map<std::string, float> &hypers,
+                           int64_t t, int64_t numel,
+                           const std::vector<void *> &buffers) {
+  Rule rule(cfg.rule, hypers, t);
+  size_t bi = 0;
+  void *param = buffers[bi++];
+  void *corr = cfg.correction != DType::None ? buffers[bi++] : nullptr;
+  void *grad = buffers[bi++];
+  struct StateBufs {
+    void *a = nullptr, *b = nullptr;
+  };
+  std::vector<StateBufs> sb;
+  for (const StateEncoding &s : cfg.states) {
+    StateBufs x;
+    x.a = buffers[bi++];
+    if (s.quantized)
+      x.b = buffers[bi++];
+    sb.push_back(x);
+  }
+  int64_t G = cfg.group_size;
+  size_t ns = cfg.states.size();
+  std::vector<float> thetaNew(G);
+  std::vector<std::vector<float>> statesNew(ns, std::vector<float>(G));
+  for (int64_t g0 = 0; g0 < numel; g0 += G) {
+    int n = int(std::min<int64_t>(G, numel - g0));
+    int64_t gi = g0 / G;
+    for (int i = 0; i < n; ++i) {
+      int64_t e = g0 + i;
+      float theta;
+      if (corr) {
+        uint16_t nb = static_cast<uint16_t *>(param)[e];
+        int32_t rho = cfg.correction == DType::I8
+                          ? int32_t(static_cast<int8_t *>(corr)[e])
+                          : int32_t(static_cast<int16_t *>(corr)[e]);
+        theta = ecc_decode(nb, rho, cfg.param, cfg.correction);
+      } else {
+        theta = widen(cfg.param, param, e);
+      }
+      float gval = widen(cfg.grad, grad, e);
+      std::vector<float> s(ns);
+      for (size_t k = 0; k < ns; ++k) {
+        const StateEncoding &enc = cfg.states[k];
+        if (enc.quantized) {
+          int32_t code = enc.q.isSigned
+                             ? int32_t(static_cast<int8_t *>(sb[k].a)[e])
+                             : int32_t(static_cast<uint8_t *>(sb[k].a)[e]);
+          uint32_t bits =
+              enc.q.scale == DType::F32
+                  ? bitsOf(static_cast<float *>(sb[k].b)[gi])
+                  : uint32_t(static_cast<uint16_t *>(sb[k].b)[gi]);
+          s[k] = dequantize(code, bits, enc.q);
+        } else {
+          s[k] = widen(enc.plain, sb[k].a, e);
+        }
+      }
+      rule.apply(theta, gval, s);
+      thetaNew[i] = theta;
+      for (size_t k = 0; k < ns; ++k)
+        statesNew[k][i] = s[k];
+    }
+    for (int i = 0; i < n; ++i) {
+      int64_t e = g0 + i;
+      if (corr) {
+        uint16_t nb;
+        int32_t rho;
+        ecc_encode(thetaNew[i], cfg.param, cfg.correction, &nb, &rho);
+        static_cast<uint16_t *>(param)[e] = nb;
+        if (cfg.correction == DType::I8)
+          static_cast<int8_t *>(corr)[e] = int8_t(rho);
+        else
+          static_cast<int16_t *>(corr)[e] = int16_t(rho);
+      } else {
+        narrowStore(cfg.param, param, e, thetaNew[i]);
+      }
+    }
+    for (size_t k = 0; k < ns; ++k) {
+      const StateEncoding &enc = cfg.states[k];
+      if (enc.quantized) {
+        std::vector<int32_t> codes(n);
+        uint32_t scale = quantize_group(statesNew[k].data(), n, enc.q,
+                                        codes.data());
+        if (enc.q.scale == DType::F32)
+          static_cast<float *>(sb[k].b)[gi] = floatOf(scale);
+        else
+          static_cast<uint16_t *>(sb[k].b)[gi] = uint16_t(scale);
+        for (int i = 0; i < n; ++i) {
+          if (enc.q.isSigned)
+            static_cast<int8_t *>(sb[k].a)[g0 + i] = int8_t(codes[i]);
+          else
+            static_cast<uint8_t *>(sb[k].a)[g0 + i] = uint8_t(codes[i]);
+        }
+      } else {
+        for (int i = 0; i < n; ++i)
+          narrowStore(enc.plain, sb[k].a, g0 + i, statesNew[k][i]);
+      }
+    }
+  }
+}
+
+} // namespace flashopt::ref
+
+#endif // FLASHOPT_TEST_REFERENCE_FLASHOPT_REFERENCE_H
