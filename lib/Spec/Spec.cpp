@@ -784,7 +784,11 @@ void SpecParser::checkRuleFile(const json &v, const std::string &ptr) {
       p.is_absolute() ? p : (fs::path(spec.dir) / p).lexically_normal();
   std::string shown = resolved.generic_string();
   std::string where =
-      shown == written ? "" : fmt::format(" (resolved to {})", quote(shown));
+      shown == written
+          ? ""
+          : fmt::format(" (resolved to {})",
+                        json(shown).dump(-1, ' ', false,
+                                         json::error_handler_t::replace));
   std::string reason;
   std::optional<std::string> content =
       readFile(resolved, kMaxRuleBytes, reason);
