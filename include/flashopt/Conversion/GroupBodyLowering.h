@@ -27,6 +27,10 @@
 
 namespace mlir::flashopt {
 
+/// i64 words of a tensor-table record before the buffer addresses: numel,
+/// first global group, hyper slot, reserved (docs/KERNEL-ABI.md).
+constexpr int64_t kTableHeaderWords = 4;
+
 /// How a worker's accesses are predicated.
 enum class Predication {
   /// Every element of the worker is valid: plain vector accesses.

@@ -30,10 +30,6 @@ using namespace mlir::flashopt;
 
 namespace {
 
-/// The number of i64 words of a tensor-table record before the buffer
-/// addresses (docs/KERNEL-ABI.md).
-constexpr int64_t kHeaderWords = 4;
-
 LogicalResult lowerKernel(KernelOp kernel) {
   OpBuilder b(kernel);
   Location loc = kernel.getLoc();
@@ -41,7 +37,7 @@ LogicalResult lowerKernel(KernelOp kernel) {
   Type idx = b.getIndexType();
   int64_t groupSize = kernel.getGroupSize();
   int64_t numBuffers = kernel.getBuffers().size();
-  int64_t recordWords = kHeaderWords + numBuffers;
+  int64_t recordWords = kTableHeaderWords + numBuffers;
   int64_t numHypers = kernel.getHypers().size();
 
   auto fnType = b.getFunctionType({i64, i64, i64, i64, i64, i64}, {});
@@ -96,7 +92,7 @@ LogicalResult lowerKernel(KernelOp kernel) {
     env.maxAlignment = 1; // Caller buffers need only element alignment.
     SmallVector<Value> bases;
     for (int64_t bIdx = 0; bIdx < numBuffers; ++bIdx)
-      bases.push_back(word(ib, kHeaderWords + bIdx));
+      bases.push_back(word(ib, kTableHeaderWords + bIdx));
     env.baseAddress = [bases](OpBuilder &, Location, int64_t buffer) {
       return bases[buffer];
     };

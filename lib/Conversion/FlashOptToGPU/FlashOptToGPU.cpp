@@ -37,7 +37,6 @@ using namespace mlir::flashopt;
 
 namespace {
 
-constexpr int64_t kHeaderWords = 4;
 constexpr int64_t kWarpSize = 32;
 /// Elements per thread times divisions + square roots per element that fit
 /// in 64 registers with room to spare.
@@ -92,7 +91,7 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
            << width << " elements per thread";
   int64_t groupsPerWarp = kWarpSize / lanesPerGroup;
   int64_t numBuffers = kernel.getBuffers().size();
-  int64_t recordWords = kHeaderWords + numBuffers;
+  int64_t recordWords = kTableHeaderWords + numBuffers;
   int64_t numHypers = kernel.getHypers().size();
 
   auto module = kernel->getParentOfType<ModuleOp>();
@@ -207,7 +206,7 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
   env.isGroupLeader = isLeader;
   env.baseAddress = [=](OpBuilder &ob, Location l, int64_t buffer) -> Value {
     Value w = arith::AddIOp::create(
-        ob, l, rec, arith::ConstantIndexOp::create(ob, l, kHeaderWords + buffer));
+        ob, l, rec, arith::ConstantIndexOp::create(ob, l, kTableHeaderWords + buffer));
     return loadI64(ob, l, table, w);
   };
   env.numElements = arith::IndexCastOp::create(lb, loc, idx, numel);
