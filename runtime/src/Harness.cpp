@@ -495,11 +495,28 @@ Manifest Parser::parse(const json &root) {
       k.file = string(kernels[i], p, "file");
       k.symbol = string(kernels[i], p, "symbol");
     } else {
-      // Other targets are not ours to load; keep what is there.
-      if (kernels[i].contains("file") && kernels[i]["file"].is_string())
-        k.file = kernels[i]["file"].get<std::string>();
-      if (kernels[i].contains("symbol") && kernels[i]["symbol"].is_string())
-        k.symbol = kernels[i]["symbol"].get<std::string>();
+      // GPU (and unknown) targets: keep what is there; the GPU runtime
+      // checks what it needs when it selects a kernel.
+      const json &e = kernels[i];
+      auto str = [&](const char *key, std::string &out) {
+        if (e.contains(key) && e[key].is_string())
+          out = e[key].get<std::string>();
+      };
+      auto num = [&](const char *key, int &out) {
+        if (e.contains(key) && e[key].is_number_integer()) {
+          int64_t v = e[key].get<int64_t>();
+          if (v >= 0 && v <= std::numeric_limits<int>::max())
+            out = int(v);
+        }
+      };
+      str("file", k.file);
+      str("symbol", k.symbol);
+      str("cubin", k.cubin);
+      num("threads_per_block", k.threads_per_block);
+      num("elements_per_thread", k.elements_per_thread);
+      num("registers", k.registers);
+      num("spill_stores", k.spill_stores);
+      num("spill_loads", k.spill_loads);
     }
     m.kernels.push_back(std::move(k));
   }
@@ -542,6 +559,215 @@ Expected<Manifest> load_manifest(const std::string &path) {
   } catch (const std::exception &e) {
     return Status::error(path + ": " + e.what());
   }
+}
+
+Expected<int> find_buffer(const Manifest &m, std::string_view name) {
+  int b = m.buffer_index(name);
+  if (b >= 0)
+    return b;
+  std::string names;
+  for (const BufferSpec &s : m.buffers)
+    names += (names.empty() ? "" : ", ") + s.name;
+  return Status::error("buffer: " + m.name + " has no buffer \"" +
+                       std::string(name) + "\" (buffers: " + names + ")");
+}
+
+//===----------------------------------------------------------------------===//
+// Hyper table, tensor table records, bytes report
+//===----------------------------------------------------------------------===//
+
+Status HyperTable::check_manifest(const Manifest &m) {
+  for (const StateSpec &s : m.states)
+    if (s.kind == StateKind::Elided) {
+      int h = m.hyper_index(s.elidable_if_zero);
+      if (h < 0)
+        continue; // the parser guarantees it exists
+      const HyperSpec &hs = m.hypers[size_t(h)];
+      if (hs.default_value && *hs.default_value != 0.0f)
+        return Status::error(m.path + ": state \"" + s.name +
+                             "\" is elided, but hyper-parameter \"" + hs.name +
+                             "\" defaults to a nonzero value");
+    }
+  return Status::success();
+}
+
+int HyperTable::add_slot() {
+  size_t H = m_->hypers.size();
+  try {
+    // Reserve first, so the pushes below cannot throw.
+    values_.reserve(values_.size() + H);
+    given_.reserve(given_.size() + H);
+  } catch (const std::exception &) {
+    return -1;
+  }
+  for (const HyperSpec &h : m_->hypers) {
+    values_.push_back(h.default_value.value_or(0.0f));
+    given_.push_back(h.default_value.has_value());
+  }
+  ++generation_;
+  return slots_++;
+}
+
+Status HyperTable::check(int slot, std::string_view name, int *index) const {
+  if (slot < 0 || slot >= slots_)
+    return Status::error("param group " + std::to_string(slot) +
+                         " does not exist (there are " + std::to_string(slots_) +
+                         ")");
+  int h = m_->hyper_index(name);
+  if (h < 0) {
+    std::string names;
+    for (const HyperSpec &s : m_->hypers)
+      names += (names.empty() ? "" : ", ") + s.name;
+    return Status::error("unknown hyper-parameter \"" + std::string(name) +
+                         "\" for " + m_->name + " (known: " + names + ")");
+  }
+  *index = h;
+  return Status::success();
+}
+
+Status HyperTable::set(int slot, std::string_view name, float value) {
+  int h = -1;
+  Status s = check(slot, name, &h);
+  if (!s)
+    return s;
+  if (!std::isfinite(value))
+    return Status::error("hyper-parameter \"" + std::string(name) +
+                         "\" must be finite");
+  if (value != 0.0f)
+    for (const StateSpec &st : m_->states)
+      if (st.kind == StateKind::Elided && st.elidable_if_zero == name)
+        return Status::error("hyper-parameter \"" + std::string(name) +
+                             "\" must stay 0 in " + m_->name + ": its state \"" +
+                             st.name + "\" is elided (compile a spec that keeps it)");
+  size_t i = size_t(slot) * m_->hypers.size() + size_t(h);
+  // Compare bits: a plain re-set of the same value is not a change.
+  bool same = given_[i] && std::memcmp(&values_[i], &value, sizeof value) == 0;
+  values_[i] = value;
+  given_[i] = 1;
+  if (!same)
+    ++generation_;
+  return Status::success();
+}
+
+Status HyperTable::set_all(std::string_view name, float value) {
+  for (int g = 0; g < slots_; ++g) {
+    Status s = set(g, name, value);
+    if (!s)
+      return s;
+  }
+  return Status::success();
+}
+
+Expected<float> HyperTable::get(int slot, std::string_view name) const {
+  int h = -1;
+  Status s = check(slot, name, &h);
+  if (!s)
+    return s;
+  return values_[size_t(slot) * m_->hypers.size() + size_t(h)];
+}
+
+Status HyperTable::check_complete() const {
+  size_t H = m_->hypers.size();
+  for (int s = 0; s < slots_; ++s)
+    for (size_t h = 0; h < H; ++h)
+      if (!given_[size_t(s) * H + h])
+        return Status::error("step: hyper-parameter \"" + m_->hypers[h].name +
+                             "\" has no default and was never set for param "
+                             "group " +
+                             std::to_string(s));
+  return Status::success();
+}
+
+std::vector<RecordSlice> split_records(int64_t numel, int64_t group_size,
+                                       int64_t max_record_elements) {
+  std::vector<RecordSlice> out;
+  if (numel <= 0)
+    return out;
+  int64_t unit = 64 * std::max<int64_t>(1, group_size);
+  if (numel <= max_record_elements) {
+    out.push_back({0, numel});
+    return out;
+  }
+  int64_t piece = std::max<int64_t>(unit, max_record_elements / unit * unit);
+  out.reserve(size_t((numel + piece - 1) / piece));
+  for (int64_t off = 0; off < numel; off += piece)
+    out.push_back({off, std::min(piece, numel - off)});
+  return out;
+}
+
+int64_t gpu_max_record_elements(int64_t group_size) {
+  int64_t unit = 64 * std::max<int64_t>(1, group_size);
+  return std::max<int64_t>(unit, int64_t(std::numeric_limits<int32_t>::max()) /
+                                     unit * unit);
+}
+
+int64_t append_table_records(const Manifest &m, const TensorInfo &t,
+                             const std::vector<int64_t> &addresses,
+                             int64_t max_record_elements,
+                             std::vector<int64_t> &table) {
+  const int64_t G = m.group_size;
+  const size_t B = m.buffers.size();
+  std::vector<RecordSlice> slices =
+      split_records(t.numel, G, max_record_elements);
+  for (const RecordSlice &r : slices) {
+    size_t at = table.size();
+    table.resize(at + 4 + B, 0);
+    int64_t *rec = table.data() + at;
+    rec[0] = r.numel;
+    rec[1] = t.first_group + r.offset / G;
+    rec[2] = t.param_group;
+    rec[3] = 0;
+    for (size_t b = 0; b < B; ++b) {
+      const BufferSpec &spec = m.buffers[b];
+      int64_t entries = spec.per == Per::Group ? r.offset / G : r.offset;
+      // A null address (a grad not given yet) stays null.
+      rec[4 + b] = addresses[b] == 0
+                       ? 0
+                       : addresses[b] + entries * dtype_size(spec.dtype);
+    }
+  }
+  return int64_t(slices.size());
+}
+
+BytesReport compute_bytes_report(const Manifest &m,
+                                 const std::vector<TensorInfo> &tensors,
+                                 int64_t runtime_allocated) {
+  BytesReport r;
+  for (const TensorInfo &ti : tensors)
+    r.numel += ti.numel;
+  for (const BufferSpec &spec : m.buffers) {
+    int64_t count = 0;
+    for (const TensorInfo &ti : tensors)
+      count += spec.per == Per::Group ? ti.num_groups : ti.numel;
+    int64_t bytes = count * dtype_size(spec.dtype);
+    switch (spec.role) {
+    case BufferRole::Param:
+      r.param += bytes;
+      break;
+    case BufferRole::Correction:
+      r.correction += bytes;
+      break;
+    case BufferRole::Grad:
+      r.grad += bytes;
+      break;
+    case BufferRole::State:
+      r.states += bytes;
+      break;
+    }
+  }
+  r.runtime_allocated = runtime_allocated;
+  r.total = r.param + r.correction + r.grad + r.states;
+  r.total_with_grad_release = r.total - r.grad;
+  if (r.numel > 0) {
+    double n = double(r.numel);
+    r.per_param.param = double(r.param) / n;
+    r.per_param.correction = double(r.correction) / n;
+    r.per_param.grad = double(r.grad) / n;
+    r.per_param.states = double(r.states) / n;
+    r.per_param.total = double(r.total) / n;
+    r.per_param.total_with_grad_release = double(r.total_with_grad_release) / n;
+  }
+  return r;
 }
 
 //===----------------------------------------------------------------------===//
@@ -906,9 +1132,7 @@ struct Optimizer::Impl {
   int64_t H = 0;
   int64_t B = 0;
 
-  std::vector<float> hypers;      ///< slots * H
-  std::vector<uint8_t> hyperSet;  ///< slots * H: value given (default or set)
-  int slots = 0;
+  std::unique_ptr<HyperTable> hypers;
 
   std::vector<TensorInfo> tensors;
   std::vector<std::vector<int64_t>> offsets; ///< [tensor][buffer] arena entry
@@ -936,17 +1160,16 @@ struct Optimizer::Impl {
     return arenas[b].data + offsets[tensor][b] * dtype_size(spec.dtype);
   }
 
+  /// One record per tensor (CPU kernels index with 64-bit math).
   void rebuildTable() {
-    int64_t R = m->record_words;
-    table.assign(tensors.size() * size_t(R), 0);
+    table.clear();
+    table.reserve(tensors.size() * size_t(m->record_words));
+    std::vector<int64_t> addresses(static_cast<size_t>(B), 0);
     for (size_t i = 0; i < tensors.size(); ++i) {
-      int64_t *rec = table.data() + i * size_t(R);
-      rec[0] = tensors[i].numel;
-      rec[1] = tensors[i].first_group;
-      rec[2] = tensors[i].param_group;
-      rec[3] = 0;
       for (size_t b = 0; b < size_t(B); ++b)
-        rec[4 + b] = int64_t(reinterpret_cast<intptr_t>(address(i, b)));
+        addresses[b] = int64_t(reinterpret_cast<intptr_t>(address(i, b)));
+      append_table_records(*m, tensors[i], addresses,
+                           std::numeric_limits<int64_t>::max(), table);
     }
   }
 
@@ -954,23 +1177,6 @@ struct Optimizer::Impl {
     pool.reset();
     threads = n <= 0 ? defaultThreads() : n;
     pool = std::make_unique<ThreadPool>(threads - 1);
-  }
-
-  Status checkHyper(int slot, std::string_view name, int *index) const {
-    if (slot < 0 || slot >= slots)
-      return Status::error("param group " + std::to_string(slot) +
-                           " does not exist (there are " +
-                           std::to_string(slots) + ")");
-    int h = m->hyper_index(name);
-    if (h < 0) {
-      std::string names;
-      for (const HyperSpec &s : m->hypers)
-        names += (names.empty() ? "" : ", ") + s.name;
-      return Status::error("unknown hyper-parameter \"" + std::string(name) +
-                           "\" for " + m->name + " (known: " + names + ")");
-    }
-    *index = h;
-    return Status::success();
   }
 };
 
@@ -992,14 +1198,10 @@ Optimizer::create(std::shared_ptr<Bundle> bundle, const OptimizerOptions &opts) 
     I.arenas.resize(size_t(I.B));
     for (size_t b = 0; b < size_t(I.B); ++b)
       I.arenas[b].elem = dtype_size(I.m->buffers[b].dtype);
-    for (const StateSpec &s : I.m->states)
-      if (s.kind == StateKind::Elided) {
-        const HyperSpec &h = I.m->hypers[size_t(I.m->hyper_index(s.elidable_if_zero))];
-        if (h.default_value && *h.default_value != 0.0f)
-          return Status::error(I.m->path + ": state \"" + s.name +
-                               "\" is elided, but hyper-parameter \"" + h.name +
-                               "\" defaults to a nonzero value");
-      }
+    Status ok = HyperTable::check_manifest(*I.m);
+    if (!ok)
+      return ok;
+    I.hypers = std::make_unique<HyperTable>(*I.m);
     I.minGroups = opts.min_groups_per_chunk > 0
                       ? opts.min_groups_per_chunk
                       : std::max<int64_t>(1, 32768 / I.G);
@@ -1023,70 +1225,33 @@ Optimizer::create(const std::string &dir, const LoadOptions &load,
 const Manifest &Optimizer::manifest() const { return *impl_->m; }
 const Bundle &Optimizer::bundle() const { return *impl_->bundle; }
 
-int Optimizer::add_param_group() {
-  Impl &I = *impl_;
-  try {
-    // Reserve first, so the pushes below cannot throw.
-    I.hypers.reserve(I.hypers.size() + size_t(I.H));
-    I.hyperSet.reserve(I.hyperSet.size() + size_t(I.H));
-  } catch (const std::exception &) {
-    return -1;
-  }
-  for (const HyperSpec &h : I.m->hypers) {
-    I.hypers.push_back(h.default_value.value_or(0.0f));
-    I.hyperSet.push_back(h.default_value.has_value());
-  }
-  return I.slots++;
-}
+int Optimizer::add_param_group() { return impl_->hypers->add_slot(); }
 
-int Optimizer::num_param_groups() const { return impl_->slots; }
+int Optimizer::num_param_groups() const { return impl_->hypers->num_slots(); }
 
 Status Optimizer::set_hyper(int slot, std::string_view name, float value) {
-  Impl &I = *impl_;
-  int h = -1;
-  Status s = I.checkHyper(slot, name, &h);
-  if (!s)
-    return s;
-  if (!std::isfinite(value))
-    return Status::error("hyper-parameter \"" + std::string(name) +
-                         "\" must be finite");
-  if (value != 0.0f)
-    for (const StateSpec &st : I.m->states)
-      if (st.kind == StateKind::Elided && st.elidable_if_zero == name)
-        return Status::error("hyper-parameter \"" + std::string(name) +
-                             "\" must stay 0 in " + I.m->name + ": its state \"" +
-                             st.name + "\" is elided (compile a spec that keeps it)");
-  I.hypers[size_t(slot * I.H + h)] = value;
-  I.hyperSet[size_t(slot * I.H + h)] = 1;
-  return Status::success();
+  return impl_->hypers->set(slot, name, value);
 }
 
 Status Optimizer::set_hyper_all(std::string_view name, float value) {
-  for (int g = 0; g < impl_->slots; ++g) {
-    Status s = set_hyper(g, name, value);
-    if (!s)
-      return s;
-  }
-  return Status::success();
+  return impl_->hypers->set_all(name, value);
 }
 
 Expected<float> Optimizer::hyper(int slot, std::string_view name) const {
-  int h = -1;
-  Status s = impl_->checkHyper(slot, name, &h);
-  if (!s)
-    return s;
-  return impl_->hypers[size_t(slot * impl_->H + h)];
+  return impl_->hypers->get(slot, name);
 }
 
-const std::vector<float> &Optimizer::hyper_table() const { return impl_->hypers; }
+const std::vector<float> &Optimizer::hyper_table() const {
+  return impl_->hypers->values();
+}
 
 Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
                                        void *grad) {
   Impl &I = *impl_;
-  if (slot < 0 || slot >= I.slots)
+  if (slot < 0 || slot >= I.hypers->num_slots())
     return Status::error("add_param: param group " + std::to_string(slot) +
-                         " does not exist (there are " + std::to_string(I.slots) +
-                         ")");
+                         " does not exist (there are " +
+                         std::to_string(I.hypers->num_slots()) + ")");
   if (!param)
     return Status::error("add_param: null param pointer");
   if (numel <= 0)
@@ -1158,14 +1323,10 @@ Expected<BufferView> Optimizer::buffer(int64_t tensor, std::string_view name) co
   const Impl &I = *impl_;
   if (tensor < 0 || tensor >= int64_t(I.tensors.size()))
     return Status::error("buffer: no tensor " + std::to_string(tensor));
-  int b = I.m->buffer_index(name);
-  if (b < 0) {
-    std::string names;
-    for (const BufferSpec &s : I.m->buffers)
-      names += (names.empty() ? "" : ", ") + s.name;
-    return Status::error("buffer: " + I.m->name + " has no buffer \"" +
-                         std::string(name) + "\" (buffers: " + names + ")");
-  }
+  Expected<int> found = find_buffer(*I.m, name);
+  if (!found)
+    return found.status();
+  int b = *found;
   const BufferSpec &spec = I.m->buffers[size_t(b)];
   const TensorInfo &ti = I.tensors[size_t(tensor)];
   BufferView v;
@@ -1191,12 +1352,9 @@ Status Optimizer::step() {
       return Status::error("step: tensor " + std::to_string(i) + " (numel " +
                            std::to_string(I.tensors[i].numel) +
                            ") has no gradient (add_param/set_grad)");
-  for (int s = 0; s < I.slots; ++s)
-    for (int64_t h = 0; h < I.H; ++h)
-      if (!I.hyperSet[size_t(s * I.H + h)])
-        return Status::error("step: hyper-parameter \"" + I.m->hypers[size_t(h)].name +
-                             "\" has no default and was never set for param group " +
-                             std::to_string(s));
+  Status complete = I.hypers->check_complete();
+  if (!complete)
+    return complete;
   int64_t t = I.t + 1;
   if (I.tensors.empty()) {
     I.t = t;
@@ -1207,7 +1365,7 @@ Status Optimizer::step() {
     KernelFn fn = I.bundle->fn();
     const int64_t *table = I.table.data();
     int64_t n = int64_t(I.tensors.size());
-    const float *hypers = I.hypers.data();
+    const float *hypers = I.hypers->values().data();
     if (chunks.size() == 1 || !I.pool) {
       for (const Chunk &c : chunks)
         fn(table, n, hypers, t, c.begin, c.end);
@@ -1239,43 +1397,11 @@ Status Optimizer::set_threads(int n) {
 
 BytesReport Optimizer::bytes() const {
   const Impl &I = *impl_;
-  BytesReport r;
-  r.numel = I.totalNumel;
-  for (size_t b = 0; b < size_t(I.B); ++b) {
-    const BufferSpec &spec = I.m->buffers[b];
-    int64_t count = 0;
-    for (const TensorInfo &ti : I.tensors)
-      count += spec.per == Per::Group ? ti.num_groups : ti.numel;
-    int64_t bytes = count * dtype_size(spec.dtype);
-    switch (spec.role) {
-    case BufferRole::Param:
-      r.param += bytes;
-      break;
-    case BufferRole::Correction:
-      r.correction += bytes;
-      break;
-    case BufferRole::Grad:
-      r.grad += bytes;
-      break;
-    case BufferRole::State:
-      r.states += bytes;
-      break;
-    }
+  int64_t allocated = 0;
+  for (size_t b = 0; b < size_t(I.B); ++b)
     if (I.runtimeOwned(int(b)))
-      r.runtime_allocated += I.arenas[b].capacity;
-  }
-  r.total = r.param + r.correction + r.grad + r.states;
-  r.total_with_grad_release = r.total - r.grad;
-  if (r.numel > 0) {
-    double n = double(r.numel);
-    r.per_param.param = double(r.param) / n;
-    r.per_param.correction = double(r.correction) / n;
-    r.per_param.grad = double(r.grad) / n;
-    r.per_param.states = double(r.states) / n;
-    r.per_param.total = double(r.total) / n;
-    r.per_param.total_with_grad_release = double(r.total_with_grad_release) / n;
-  }
-  return r;
+      allocated += I.arenas[b].capacity;
+  return compute_bytes_report(*I.m, I.tensors, allocated);
 }
 
 } // namespace flashopt::host

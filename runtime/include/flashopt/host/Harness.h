@@ -20,6 +20,10 @@
 ///    boundary, zero-initialized), the tensor and hyper tables, and `step()`
 ///    over a persistent thread pool in group-aligned chunks.
 ///
+/// The manifest model, the hyper table (`HyperTable`), the tensor table
+/// records (`append_table_records`, `split_records`) and the bytes report
+/// are shared with the GPU runtime (Cuda.h).
+///
 /// No exception escapes the API: fallible calls return `Status` or
 /// `Expected<T>`.
 ///
@@ -144,8 +148,14 @@ struct KernelEntry {
   std::string target; ///< "cpu", "sm_90", ...
   std::string cpu;    ///< CPU flavour ("x86-64-v3"); cpu targets only
   std::vector<std::string> features; ///< __builtin_cpu_supports spellings
-  std::string file;   ///< relative to the bundle directory
+  std::string file;   ///< relative to the bundle directory (GPU: the PTX)
   std::string symbol;
+  // GPU targets only; each is optional in the manifest (0 / -1 / "" when
+  // absent).
+  std::string cubin;           ///< the chip's cubin, relative to the bundle
+  int threads_per_block = 0;   ///< the block size the kernel was built for
+  int elements_per_thread = 0; ///< elements one thread moves per group
+  int registers = -1, spill_stores = -1, spill_loads = -1; ///< ptxas -v
 };
 
 /// Bytes per parameter by category, as the manifest states them (large
@@ -184,6 +194,10 @@ Expected<Manifest> parse_manifest(std::string_view json_text,
                                   const std::string &origin);
 /// Reads and validates `path` (a manifest.json file).
 Expected<Manifest> load_manifest(const std::string &path);
+
+/// The index of buffer `name` in `m.buffers`, or an error listing the
+/// buffers the manifest has.
+Expected<int> find_buffer(const Manifest &m, std::string_view name);
 
 //===----------------------------------------------------------------------===//
 // Bundle
@@ -236,7 +250,7 @@ private:
 };
 
 //===----------------------------------------------------------------------===//
-// Optimizer
+// Optimizer options, tensors and reports
 //===----------------------------------------------------------------------===//
 
 struct OptimizerOptions {
@@ -260,6 +274,7 @@ struct TensorInfo {
 
 /// A view of one buffer of one tensor.
 struct BufferView {
+  /// A host pointer (Optimizer) or a device address (CudaOptimizer).
   void *data = nullptr;
   DType dtype = DType::F32;
   Per per = Per::Element;
@@ -287,6 +302,88 @@ struct BytesReport {
   int64_t runtime_allocated = 0;
   BytesPerParam per_param;
 };
+
+//===----------------------------------------------------------------------===//
+// Tables and reports shared by the CPU and GPU optimizers
+//===----------------------------------------------------------------------===//
+
+/// The hyper-parameter table of one optimizer: param groups (slots) of H
+/// floats in the manifest's `hypers` order, slot-major (docs/KERNEL-ABI.md),
+/// with the validation every back end applies.
+class HyperTable {
+public:
+  /// Checks that every elided state's hyper-parameter defaults to 0 (or has
+  /// no default).
+  static Status check_manifest(const Manifest &m);
+  /// An empty table (no slots) for `m`, which must outlive it.
+  explicit HyperTable(const Manifest &m) : m_(&m) {}
+
+  /// Adds a slot holding the manifest's defaults; returns it (-1 if memory
+  /// ran out).
+  int add_slot();
+  int num_slots() const { return slots_; }
+  /// Sets one value. Unknown names, bad slots, non-finite values and nonzero
+  /// values of a hyper an elided state needs at 0 are rejected.
+  Status set(int slot, std::string_view name, float value);
+  /// Sets one value in every slot.
+  Status set_all(std::string_view name, float value);
+  Expected<float> get(int slot, std::string_view name) const;
+  /// An error naming the first hyper-parameter that has no default and was
+  /// never set (prefixed "step: "), else success.
+  Status check_complete() const;
+  /// The table the kernel reads: num_slots() * H floats.
+  const std::vector<float> &values() const { return values_; }
+  /// Incremented by every change of values(): a device copy is stale when
+  /// its generation differs.
+  uint64_t generation() const { return generation_; }
+
+private:
+  Status check(int slot, std::string_view name, int *index) const;
+  const Manifest *m_;
+  std::vector<float> values_;
+  std::vector<uint8_t> given_; ///< slots * H: default or set
+  int slots_ = 0;
+  uint64_t generation_ = 0;
+};
+
+/// One table record's part of a tensor: elements [offset, offset + numel).
+struct RecordSlice {
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+/// Splits a tensor of `numel` elements into table records of at most
+/// `max_record_elements` elements. Every boundary is a multiple of 64 groups
+/// (64 * group_size elements), so each record starts at a group boundary and
+/// at a 64-entry (hence 16-byte aligned) offset of every per-element and
+/// per-group buffer. `max_record_elements` below 64 * group_size is raised
+/// to it. A tensor that fits is one record.
+std::vector<RecordSlice> split_records(int64_t numel, int64_t group_size,
+                                       int64_t max_record_elements);
+
+/// The largest record the GPU kernels take (they index elements with 32-bit
+/// math): 2^31 - 1 rounded down to a multiple of 64 * group_size.
+int64_t gpu_max_record_elements(int64_t group_size);
+
+/// Appends the records of tensor `t` to `table` (docs/KERNEL-ABI.md):
+/// split with split_records when it exceeds `max_record_elements`, each
+/// record's word 1 being its own first global group and its buffer words
+/// `addresses[b]` (element 0 / group 0 of buffer b of the tensor) advanced to
+/// the record's first element or group. Returns the number of records.
+int64_t append_table_records(const Manifest &m, const TensorInfo &t,
+                             const std::vector<int64_t> &addresses,
+                             int64_t max_record_elements,
+                             std::vector<int64_t> &table);
+
+/// The bytes report of `tensors` under `m`; `runtime_allocated` is passed
+/// through.
+BytesReport compute_bytes_report(const Manifest &m,
+                                 const std::vector<TensorInfo> &tensors,
+                                 int64_t runtime_allocated);
+
+//===----------------------------------------------------------------------===//
+// Optimizer
+//===----------------------------------------------------------------------===//
 
 class Optimizer {
 public:

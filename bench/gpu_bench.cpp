@@ -1,0 +1,399 @@
+//===- gpu_bench.cpp - GPU optimizer step benchmark
+//--------------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// `flashopt-gpu-bench --kernels DIR [--bundle NAME] [--sizes 1e6,1e8,1e9]
+///  [--device N] [--iters N] [--warmup N] [--driver LIBCUDA]`
+///
+/// Times the GPU step of one bundle (default adamw_bf16_m24) with CUDA
+/// events on the optimizer's stream:
+///
+///  - one tensor of each size (a size that does not fit in free device
+///    memory is skipped): ms/step and effective GB/s (bytes moved per
+///    parameter from the manifest: every buffer read, every writable one
+///    written, scales amortized), next to a cuMemcpyDtoD moving the same
+///    number of bytes (copying half of them: each is read and written once)
+///    timed in the same run, and the ratio;
+///  - many small tensors (300 of 65536): one multi-tensor launch against one
+///    launch per tensor (300 optimizers).
+///
+/// Prints one markdown table. Exit status 77 with "no NVIDIA GPU/driver:
+/// <reason>" when CUDA is unavailable. A benchmark, not a test.
+///
+//===----------------------------------------------------------------------===//
+
+#include "BenchCommon.h"
+
+#include "flashopt/host/Cuda.h"
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+
+using namespace flashopt::bench;
+using namespace flashopt::host;
+using namespace flashopt::host::cu;
+
+namespace {
+
+/// CUDA events on the legacy stream (where the optimizers run).
+class Timer {
+public:
+  explicit Timer(const CudaContext &ctx) : ctx_(ctx), d_(ctx.driver()) {
+    CudaContext::Scope s(ctx_);
+    ok_ = s.ok() &&
+          d_.cuEventCreate(&start_, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
+          d_.cuEventCreate(&stop_, CU_EVENT_DEFAULT) == CUDA_SUCCESS;
+  }
+  ~Timer() {
+    CudaContext::Scope s(ctx_);
+    if (start_)
+      d_.cuEventDestroy(start_);
+    if (stop_)
+      d_.cuEventDestroy(stop_);
+  }
+  /// Milliseconds per call of `fn` over `iters` calls after `warmup`; a
+  /// negative value when fn or the driver failed (`error` says why).
+  double msPerCall(const std::function<Status()> &fn, int warmup, int iters,
+                   std::string &error) {
+    if (!ok_) {
+      error = "cuEventCreate failed";
+      return -1;
+    }
+    for (int i = 0; i < warmup; ++i) {
+      Status s = fn();
+      if (!s) {
+        error = s.message();
+        return -1;
+      }
+    }
+    CudaContext::Scope scope(ctx_);
+    Status s = d_.check(d_.cuEventRecord(start_, nullptr), "cuEventRecord");
+    for (int i = 0; s && i < iters; ++i)
+      s = fn();
+    if (s)
+      s = d_.check(d_.cuEventRecord(stop_, nullptr), "cuEventRecord");
+    if (s)
+      s = d_.check(d_.cuEventSynchronize(stop_), "cuEventSynchronize");
+    float ms = 0;
+    if (s)
+      s = d_.check(d_.cuEventElapsedTime(&ms, start_, stop_),
+                   "cuEventElapsedTime");
+    if (!s) {
+      error = s.message();
+      return -1;
+    }
+    return double(ms) / iters;
+  }
+
+private:
+  const CudaContext &ctx_;
+  const CudaDriver &d_;
+  CUevent start_ = nullptr, stop_ = nullptr;
+  bool ok_ = false;
+};
+
+/// Fills a device buffer of `n` elements of `t`: a 1M-element host pattern,
+/// uploaded once and doubled on the device.
+Status fillDevice(const CudaContext &ctx, CUdeviceptr dst, DType t, int64_t n,
+                  float scale, uint64_t seed) {
+  const int w = dtype_size(t);
+  const int64_t block = std::min<int64_t>(n, 1 << 20);
+  std::vector<uint8_t> host(size_t(block * w));
+  fillFloats(t, host.data(), block, scale, seed);
+  Status s = ctx.upload(dst, host.data(), block * w);
+  CudaContext::Scope scope(ctx);
+  const CudaDriver &d = ctx.driver();
+  for (int64_t done = block; s && done < n; done *= 2) {
+    int64_t count = std::min(done, n - done);
+    s = d.check(
+        d.cuMemcpyDtoD(dst + uint64_t(done * w), dst, size_t(count * w)),
+        "cuMemcpyDtoD");
+  }
+  return s;
+}
+
+struct Row {
+  std::string name, params, tensors, launches;
+  double ms = -1, gbs = 0, copyGbs = 0;
+  std::string note;
+};
+
+void printRow(const Row &r) {
+  if (r.ms < 0) {
+    std::printf("| %s | %s | %s | %s | - | - | - | - | %s |\n", r.name.c_str(),
+                r.params.c_str(), r.tensors.c_str(), r.launches.c_str(),
+                r.note.c_str());
+  } else {
+    std::printf(
+        "| %s | %s | %s | %s | %.4f | %.1f | %s | %s | %s |\n", r.name.c_str(),
+        r.params.c_str(), r.tensors.c_str(), r.launches.c_str(), r.ms, r.gbs,
+        r.copyGbs > 0 ? std::to_string(int(r.copyGbs + 0.5)).c_str() : "-",
+        r.copyGbs > 0
+            ? (std::to_string(int(100 * r.gbs / r.copyGbs + 0.5)) + "%").c_str()
+            : "-",
+        r.note.c_str());
+  }
+  std::fflush(stdout);
+}
+
+int usage(const char *msg) {
+  if (msg)
+    std::fprintf(stderr, "flashopt-gpu-bench: %s\n", msg);
+  std::fprintf(stderr,
+               "usage: flashopt-gpu-bench --kernels DIR [--bundle NAME] "
+               "[--sizes 1e6,1e8,1e9] [--device N] [--iters N] [--warmup N] "
+               "[--driver LIBCUDA]\n");
+  return 2;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  std::string kernels, bundleName = "adamw_bf16_m24";
+  std::vector<int64_t> sizes = {1000000, 100000000, 1000000000};
+  int device = 0, iters = 0, warmup = 3;
+  std::string driverPath;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (a == "--kernels" && v)
+      kernels = argv[++i];
+    else if (a == "--bundle" && v)
+      bundleName = argv[++i];
+    else if (a == "--sizes" && v) {
+      if (!parseSizes(argv[++i], sizes))
+        return usage("bad --sizes (e.g. 1e6,1e8,1e9)");
+    } else if (a == "--device" && v)
+      device = std::atoi(argv[++i]);
+    else if (a == "--iters" && v)
+      iters = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--driver" && v)
+      driverPath = argv[++i];
+    else if (a == "--warmup" && v)
+      warmup = std::max(0, std::atoi(argv[++i]));
+    else
+      return usage(("unknown or incomplete argument: " + a).c_str());
+  }
+  if (kernels.empty())
+    return usage("--kernels DIR is required");
+
+  // --driver: another driver library (a dry run with a stand-in).
+  std::unique_ptr<CudaDriver> driver;
+  Expected<std::shared_ptr<CudaContext>> ctxOr =
+      Status::error("no driver loaded");
+  if (driverPath.empty()) {
+    ctxOr = CudaContext::create(device);
+  } else if (auto dl = CudaDriver::load(driverPath)) {
+    driver = std::move(dl.value());
+    ctxOr = CudaContext::create(*driver, device);
+  } else {
+    ctxOr = dl.status();
+  }
+  if (!ctxOr) {
+    std::printf("no NVIDIA GPU/driver: %s\n", ctxOr.error().c_str());
+    return 77;
+  }
+  std::shared_ptr<CudaContext> ctx = *ctxOr;
+  const CudaDeviceInfo &info = ctx->info();
+  const CudaDriver &d = ctx->driver();
+  auto bundle = CudaBundle::load(ctx, kernels + "/" + bundleName);
+  if (!bundle) {
+    std::printf("flashopt-gpu-bench: %s\n", bundle.error().c_str());
+    return 1;
+  }
+  const Manifest &m = (*bundle)->manifest();
+  const double moved = bytesMovedPerParam(m);
+  const int pw = dtype_size(m.param), gw = dtype_size(m.grad);
+  const double statePerParam = m.computed_bytes_per_param().correction +
+                               m.computed_bytes_per_param().states;
+  std::printf(
+      "flashopt-gpu-bench: %s on %s (sm_%d, %d SMs, %.0f GiB, driver "
+      "CUDA %s): %s, %d registers; %.4g bytes moved per param\n\n",
+      bundleName.c_str(), info.name.c_str(), info.chip(), info.sm_count,
+      double(info.total_memory) / (1 << 30),
+      cuda_version_string(info.driver_version).c_str(),
+      (*bundle)->loaded().substr(0, (*bundle)->loaded().find('\n')).c_str(),
+      (*bundle)->registers(), moved);
+  std::printf("| case | params | tensors | launches/step | ms/step | GB/s | "
+              "copy GB/s | %% of copy | note |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+
+  Timer timer(*ctx);
+  int errors = 0;
+
+  // Times a device-to-device copy moving `bytes` bytes (bytes / 2 copied).
+  auto copyGbs = [&](int64_t bytes, int its, std::string &err) -> double {
+    int64_t half = std::max<int64_t>(16, bytes / 2);
+    auto src = DeviceBuffer::allocate(ctx, half);
+    auto dst = DeviceBuffer::allocate(ctx, half);
+    if (!src || !dst) {
+      err = !src ? src.error() : dst.error();
+      return -1;
+    }
+    {
+      CudaContext::Scope scope(*ctx);
+      d.cuMemsetD8(src->ptr(), 1, size_t(half));
+    }
+    double ms = timer.msPerCall(
+        [&] {
+          CudaContext::Scope scope(*ctx);
+          return d.check(d.cuMemcpyDtoDAsync(dst->ptr(), src->ptr(),
+                                             size_t(half), nullptr),
+                         "cuMemcpyDtoDAsync");
+        },
+        warmup, its, err);
+    return ms < 0 ? -1 : 2.0 * double(half) / (ms * 1e-3) / 1e9;
+  };
+
+  // ---- one tensor of each size ---------------------------------------------
+  for (int64_t n : sizes) {
+    Row row;
+    row.name = bundleName;
+    row.params = sizeName(n);
+    row.tensors = "1";
+    row.launches = "1";
+    int its = iters > 0        ? iters
+              : n <= 10000000  ? 200
+              : n <= 200000000 ? 50
+                               : 20;
+    // Params, grads, state, and the copy's two halves.
+    double need =
+        double(n) * (pw + gw + statePerParam + moved) * 1.05 + (64 << 20);
+    int64_t freeBytes = 0;
+    if (!ctx->memory_info(&freeBytes, nullptr) || need > double(freeBytes)) {
+      row.note = "skipped: needs " + std::to_string(int(need / (1 << 30) + 1)) +
+                 " GiB, " + std::to_string(freeBytes >> 30) + " GiB free";
+      printRow(row);
+      continue;
+    }
+    std::string err;
+    {
+      auto p = DeviceBuffer::allocate(ctx, n * pw);
+      auto g = DeviceBuffer::allocate(ctx, n * gw);
+      auto opt = CudaOptimizer::create(*bundle);
+      Status s = !p     ? p.status()
+                 : !g   ? g.status()
+                 : !opt ? opt.status()
+                        : Status();
+      if (s)
+        s = fillDevice(*ctx, p->ptr(), m.param, n, 1.0f, 1);
+      if (s)
+        s = fillDevice(*ctx, g->ptr(), m.grad, n, 1e-2f, 2);
+      if (s) {
+        auto idx = (*opt)->add_param(0, p->ptr(), n, g->ptr());
+        s = idx ? (*opt)->allocate() : idx.status();
+      }
+      if (s) {
+        CudaOptimizer &o = **opt;
+        row.ms = timer.msPerCall([&] { return o.step(); }, warmup, its, err);
+        if (row.ms < 0)
+          s = Status::error(err);
+        else
+          row.note = "grid " + std::to_string(o.launch_config().grid) + ", " +
+                     std::to_string(its) + " steps";
+      }
+      if (!s) {
+        row.ms = -1;
+        row.note = "error: " + s.message();
+        ++errors;
+        printRow(row);
+        continue;
+      }
+    }
+    row.gbs = moved * double(n) / (row.ms * 1e-3) / 1e9;
+    row.copyGbs = copyGbs(int64_t(moved * double(n)), its, err);
+    if (row.copyGbs < 0)
+      row.note += "; copy failed: " + err;
+    printRow(row);
+  }
+
+  // ---- many small tensors
+  // ------------------------------------------------------
+  {
+    const int NT = 300;
+    const int64_t each = 65536, n = NT * each;
+    int its = iters > 0 ? iters : 100;
+    auto p = DeviceBuffer::allocate(ctx, n * pw);
+    auto p2 = DeviceBuffer::allocate(ctx, n * pw);
+    auto g = DeviceBuffer::allocate(ctx, n * gw);
+    Status s = !p ? p.status() : !p2 ? p2.status() : !g ? g.status() : Status();
+    if (s)
+      s = fillDevice(*ctx, p->ptr(), m.param, n, 1.0f, 3);
+    if (s)
+      s = fillDevice(*ctx, p2->ptr(), m.param, n, 1.0f, 3);
+    if (s)
+      s = fillDevice(*ctx, g->ptr(), m.grad, n, 1e-2f, 4);
+    auto multi = CudaOptimizer::create(*bundle);
+    if (s && !multi)
+      s = multi.status();
+    std::vector<std::unique_ptr<CudaOptimizer>> singles;
+    for (int i = 0; s && i < NT; ++i) {
+      uint64_t po = uint64_t(i * each * pw), go = uint64_t(i * each * gw);
+      auto a = (*multi)->add_param(0, p->ptr() + po, each, g->ptr() + go);
+      auto one = CudaOptimizer::create(*bundle);
+      if (!a || !one) {
+        s = !a ? a.status() : one.status();
+        break;
+      }
+      auto b = (*one)->add_param(0, p2->ptr() + po, each, g->ptr() + go);
+      if (!b)
+        s = b.status();
+      else
+        s = (*one)->allocate();
+      singles.push_back(std::move(*one));
+    }
+    if (s)
+      s = (*multi)->allocate();
+    Row rm, rs;
+    rm.name = bundleName + " multi-tensor";
+    rs.name = bundleName + " per-tensor";
+    rm.params = rs.params = std::to_string(NT) + "x" + std::to_string(each);
+    rm.tensors = rs.tensors = std::to_string(NT);
+    rm.launches = "1";
+    rs.launches = std::to_string(NT);
+    std::string err;
+    if (s) {
+      rm.ms =
+          timer.msPerCall([&] { return (*multi)->step(); }, warmup, its, err);
+      rs.ms = timer.msPerCall(
+          [&] {
+            for (auto &o : singles) {
+              Status st = o->step();
+              if (!st)
+                return st;
+            }
+            return Status::success();
+          },
+          warmup, its, err);
+      if (rm.ms < 0 || rs.ms < 0)
+        s = Status::error(err);
+    }
+    if (!s) {
+      rm.ms = rs.ms = -1;
+      rm.note = rs.note = "error: " + s.message();
+      ++errors;
+    } else {
+      double c = copyGbs(int64_t(moved * double(n)), its, err);
+      for (Row *r : {&rm, &rs}) {
+        r->gbs = moved * double(n) / (r->ms * 1e-3) / 1e9;
+        r->copyGbs = c;
+      }
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%.2fx faster than per-tensor, grid %lld",
+                    rs.ms / rm.ms, (long long)(*multi)->launch_config().grid);
+      rm.note = buf;
+    }
+    printRow(rm);
+    printRow(rs);
+  }
+  std::printf(
+      "\nGB/s counts %.4g bytes per param; copy GB/s counts read + write "
+      "of a cuMemcpyDtoD of half as many bytes.\n",
+      moved);
+  return errors ? 1 : 0;
+}

@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# The GPU check, in one go, for a machine with an NVIDIA GPU and driver
+# (docs/PERFORMANCE.md). Such a machine has no LLVM/MLIR 22 and no network,
+# so nothing here needs flashopt-gen: the kernels come prebuilt (build/kernels
+# from a full build) and only the MLIR-free parts are built, with
+# -DFLASHOPT_RUNTIME_ONLY=ON, into build-device/. Then, within about 6
+# minutes in all:
+#
+#   nvidia-smi              (if present)
+#   CudaTests               runtime unit tests, GPU branch (if doctest is found)
+#   flashopt-gpu-check      every bundle: GPU == CPU bit for bit, multi-tensor == per-tensor
+#   flashopt-gpu-bench      AdamW 1e6/1e8/1e9 params vs device copy; 300 small tensors
+#   bench/torch_adamw.py    torch.optim.AdamW(fused=True) fp32, same sizes
+#
+# and prints one summary table. Logs go to $OUT when it is set (else to
+# build-device/device-check-logs/).
+#
+# Usage:
+#   bash scripts/device-check.sh --prepare   # on the build machine: copies the
+#       # nlohmann/json and doctest headers + CMake configs into build/device-deps
+#       # (the GPU machine may lack them); checks build/kernels
+#   bash scripts/device-check.sh             # on the GPU machine
+#       # (carry build/kernels and build/device-deps there)
+#
+# Environment: OUT (log folder), FLASHOPT_KERNELS (build/kernels),
+# FLASHOPT_DEVICE_DEPS (build/device-deps), FLASHOPT_DEVICE_BUILD
+# (build-device), FLASHOPT_JOBS (nproc), FLASHOPT_DEVICE_CHECK_BUDGET (350 s),
+# FLASHOPT_DEVICE_NO_CMAKE=1 (build with the compiler directly, as without cmake).
+#
+# Exit status: 0 when the build, the unit tests and flashopt-gpu-check pass
+# (benchmarks are reported, not judged, but must run); 77 with "no NVIDIA
+# GPU/driver: <reason>" when there is no usable GPU; 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+KERNELS=${FLASHOPT_KERNELS:-build/kernels}
+DEPS=${FLASHOPT_DEVICE_DEPS:-build/device-deps}
+BUILD=${FLASHOPT_DEVICE_BUILD:-build-device}
+[[ "$BUILD" == /* ]] || BUILD="$ROOT/$BUILD"
+[[ "$KERNELS" == /* ]] || KERNELS="$ROOT/$KERNELS"
+[[ "$DEPS" == /* ]] || DEPS="$ROOT/$DEPS"
+BUDGET=${FLASHOPT_DEVICE_CHECK_BUDGET:-350} # seconds for everything
+START=$SECONDS
+
+count_bundles() { ls "$1"/*/manifest.json 2>/dev/null | wc -l; }
+
+# ---- --prepare (on the build machine) -----------------------------------------
+if [[ "${1:-}" == "--prepare" ]]; then
+  n=$(count_bundles "$KERNELS")
+  if [[ "$n" -eq 0 ]]; then
+    echo "device-check --prepare: no bundles in $KERNELS; build them first:" \
+         "cmake --build build --target flashopt-kernels" >&2
+    exit 1
+  fi
+  rm -rf "$DEPS"
+  mkdir -p "$DEPS/include" "$DEPS/share/cmake" "$DEPS/lib/cmake"
+  ok=1
+  if [[ -f /usr/include/nlohmann/json.hpp ]]; then
+    cp -r /usr/include/nlohmann "$DEPS/include/"
+    [[ -d /usr/share/cmake/nlohmann_json ]] &&
+      cp -r /usr/share/cmake/nlohmann_json "$DEPS/share/cmake/"
+  else
+    echo "device-check --prepare: /usr/include/nlohmann/json.hpp not found" >&2
+    ok=0
+  fi
+  if [[ -f /usr/include/doctest/doctest.h && -d /usr/lib/cmake/doctest ]]; then
+    cp -r /usr/include/doctest "$DEPS/include/"
+    cp -r /usr/lib/cmake/doctest "$DEPS/lib/cmake/"
+    # Its targets file hard-codes /usr: make it relative to where it lies.
+    sed -i 's|^set(_IMPORT_PREFIX "/usr")|get_filename_component(_IMPORT_PREFIX "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)|' \
+      "$DEPS/lib/cmake/doctest/doctestTargets.cmake"
+  else
+    echo "device-check --prepare: doctest not found; the GPU machine will skip the unit tests" >&2
+  fi
+  echo "device-check --prepare: $n bundles in $KERNELS; build dependencies in $DEPS ($(du -sh "$DEPS" | cut -f1))"
+  echo "On the GPU machine (carry $KERNELS and $DEPS): bash scripts/device-check.sh"
+  [[ $ok -eq 1 ]] && exit 0 || exit 1
+fi
+
+# ---- the check (on the GPU machine) -------------------------------------------
+LOGS=${OUT:-$BUILD/device-check-logs}
+mkdir -p "$LOGS" "$BUILD"
+LOG="$LOGS/device-check.log"
+: >"$LOG"
+say() { echo "$*" | tee -a "$LOG"; }
+
+NAMES=() STATUS=() TIMES=() DETAILS=()
+# record NAME STATUS SECONDS DETAIL: one summary row ('|' would split cells).
+record() { NAMES+=("$1"); STATUS+=("$2"); TIMES+=("$3"); DETAILS+=("${4//|//}"); }
+
+# run_step NAME LIMIT LOGFILE CMD...: runs CMD with the smaller of LIMIT and
+# the time left, tee'ing its output; sets RC (124 on timeout).
+run_step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local left=$((BUDGET - (SECONDS - START) - 5))
+  if ((left < 10)); then
+    say "== $name: skipped (out of time)"
+    RC=124
+    STEP_TIME=0
+    return
+  fi
+  ((limit > left)) && limit=$left
+  say "== $name (limit ${limit}s): $*"
+  local t0=$SECONDS
+  timeout -k 5 "$limit" "$@" 2>&1 | tee "$log" | tee -a "$LOG"
+  RC=${PIPESTATUS[0]}
+  STEP_TIME=$((SECONDS - t0))
+}
+
+status_of() {
+  case $1 in
+  0) echo ok ;;
+  77) echo "no GPU" ;;
+  124 | 137) echo "TIMEOUT" ;;
+  *) echo "FAILED (rc $1)" ;;
+  esac
+}
+
+finish() {
+  local code=$1
+  {
+    echo
+    echo "## flashopt device check ($((SECONDS - START))s)"
+    echo
+    echo "| step | status | time | detail |"
+    echo "|---|---|---:|---|"
+    for i in "${!NAMES[@]}"; do
+      echo "| ${NAMES[$i]} | ${STATUS[$i]} | ${TIMES[$i]}s | ${DETAILS[$i]} |"
+    done
+  } | tee "$LOGS/summary.md" | tee -a "$LOG"
+  say "logs: $LOGS"
+  exit "$code"
+}
+
+# Prebuilt kernels.
+NB=$(count_bundles "$KERNELS")
+if ((NB == 0)); then
+  say "device-check: no bundles in $KERNELS. This machine cannot build them (no LLVM/MLIR):"
+  say "  run 'cmake --build build --target flashopt-kernels' on the build machine and carry $KERNELS."
+  record "kernels" "MISSING" 0 "$KERNELS has no manifest.json"
+  finish 1
+fi
+say "device-check: $NB prebuilt bundles in $KERNELS; budget ${BUDGET}s"
+
+# nvidia-smi.
+if command -v nvidia-smi >/dev/null 2>&1; then
+  run_step "nvidia-smi" 20 "$LOGS/nvidia-smi.txt" nvidia-smi
+  GPU=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+  record "nvidia-smi" "$(status_of $RC)" "$STEP_TIME" "${GPU:-?}"
+else
+  say "== nvidia-smi: not present"
+  record "nvidia-smi" "absent" 0 "not installed"
+fi
+
+# Build tools and dependencies.
+CXX_BIN=${CXX:-}
+[[ -z "$CXX_BIN" ]] && CXX_BIN=$(command -v c++ || command -v g++ || command -v clang++ || true)
+if [[ -z "$CXX_BIN" ]]; then
+  say "device-check: no C++ compiler (c++, g++ or clang++) on this machine: cannot build."
+  record "build" "FAILED" 0 "no C++ compiler"
+  finish 1
+fi
+JSON_DIR=""
+for d in ${FLASHOPT_JSON_INCLUDE_DIR:-} /usr/include /usr/local/include "$DEPS/include"; do
+  if [[ -n "$d" && -f "$d/nlohmann/json.hpp" ]]; then
+    JSON_DIR=$d
+    break
+  fi
+done
+if [[ -z "$JSON_DIR" ]] && command -v python3 >/dev/null 2>&1; then
+  # Some PyTorch wheels ship it.
+  TI=$(timeout 60 python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))' 2>/dev/null)
+  [[ -n "$TI" && -f "$TI/nlohmann/json.hpp" ]] && JSON_DIR=$TI
+fi
+if [[ -z "$JSON_DIR" ]]; then
+  say "device-check: nlohmann/json (nlohmann/json.hpp) is missing on this machine and there is no network:"
+  say "  run 'bash scripts/device-check.sh --prepare' on the build machine and carry $DEPS,"
+  say "  or install nlohmann-json3-dev, or set FLASHOPT_JSON_INCLUDE_DIR."
+  record "build" "FAILED" 0 "nlohmann/json missing"
+  finish 1
+fi
+say "device-check: C++ compiler $CXX_BIN; nlohmann/json from $JSON_DIR"
+
+# Build (CMake, runtime only; or the compiler directly without CMake). The
+# commands go into a script so that `timeout` can run them.
+JOBS=${FLASHOPT_JOBS:-$(nproc 2>/dev/null || echo 4)}
+BUILD_SCRIPT="$BUILD/device-build.sh"
+q() { printf '%q ' "$@"; }
+if command -v cmake >/dev/null 2>&1 && [[ -z "${FLASHOPT_DEVICE_NO_CMAKE:-}" ]]; then
+  GEN=()
+  if command -v ninja >/dev/null 2>&1 && [[ ! -f "$BUILD/CMakeCache.txt" || -f "$BUILD/build.ninja" ]]; then
+    GEN=(-G Ninja)
+  fi
+  {
+    echo "set -e"
+    echo "$(q cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+      -DFLASHOPT_RUNTIME_ONLY=ON -DCMAKE_PREFIX_PATH="$DEPS" \
+      -DFLASHOPT_JSON_INCLUDE_DIR="$JSON_DIR")"
+    echo "$(q cmake --build "$BUILD" -j "$JOBS")"
+  } >"$BUILD_SCRIPT"
+  BUILD_HOW="cmake -DFLASHOPT_RUNTIME_ONLY=ON, -j$JOBS"
+else
+  say "device-check: cmake is not installed on this machine; building with $CXX_BIN directly"
+  say "  (install cmake for the CMake build and the unit tests)."
+  F=(-O2 -std=c++17 -fexceptions -I runtime/include -I "$JSON_DIR")
+  L=(-L "$BUILD/lib" -lflashopt_host -Wl,-rpath,"$BUILD/lib" -ldl -lpthread)
+  {
+    echo "set -e"
+    echo "$(q mkdir -p "$BUILD/bin" "$BUILD/lib")"
+    echo "$(q "$CXX_BIN" "${F[@]}" -fPIC -shared runtime/src/Harness.cpp runtime/src/Cuda.cpp \
+      -o "$BUILD/lib/libflashopt_host.so" -ldl -lpthread)"
+    echo "$(q "$CXX_BIN" "${F[@]}" tools/flashopt-gpu-check/flashopt-gpu-check.cpp \
+      -o "$BUILD/bin/flashopt-gpu-check" "${L[@]}") & p1=\$!"
+    echo "$(q "$CXX_BIN" "${F[@]}" -I bench bench/gpu_bench.cpp \
+      -o "$BUILD/bin/flashopt-gpu-bench" "${L[@]}") & p2=\$!"
+    echo "$(q "$CXX_BIN" "${F[@]}" -I bench bench/cpu_bench.cpp \
+      -o "$BUILD/bin/flashopt-cpu-bench" "${L[@]}") & p3=\$!"
+    echo 'wait $p1; wait $p2; wait $p3'
+  } >"$BUILD_SCRIPT"
+  BUILD_HOW="$CXX_BIN directly (cmake missing)"
+fi
+run_step "build" 180 "$LOGS/build.log" bash "$BUILD_SCRIPT"
+record "build" "$(status_of $RC)" "$STEP_TIME" "$BUILD_HOW"
+if ((RC != 0)); then
+  say "device-check: the build failed; see $LOGS/build.log"
+  finish 1
+fi
+
+export FLASHOPT_KERNELS_DIR=$KERNELS
+FAILED=0
+NO_GPU=""
+
+# Unit tests (their GPU branch checks the device and steps sgd_f32).
+if [[ -x "$BUILD/unittests/CudaTests" ]]; then
+  run_step "CudaTests" 60 "$LOGS/unittests.txt" "$BUILD/unittests/CudaTests"
+  T=$(grep -E '^\[doctest\] test cases' "$LOGS/unittests.txt" | tr -s ' ' | cut -c1-90)
+  record "CudaTests (unit)" "$(status_of $RC)" "$STEP_TIME" "${T:-see unittests.txt}"
+  ((RC != 0)) && FAILED=1
+  if [[ -x "$BUILD/unittests/RuntimeTests" ]]; then
+    run_step "RuntimeTests" 60 "$LOGS/unittests-host.txt" "$BUILD/unittests/RuntimeTests"
+    record "RuntimeTests (unit)" "$(status_of $RC)" "$STEP_TIME" "host harness"
+    ((RC != 0)) && FAILED=1
+  fi
+else
+  record "unit tests" "skipped" 0 "not built (needs cmake and doctest)"
+fi
+
+# GPU == CPU.
+run_step "flashopt-gpu-check" 150 "$LOGS/gpu-check.txt" \
+  "$BUILD/bin/flashopt-gpu-check" --kernels "$KERNELS"
+CHECK_RC=$RC
+S=$(grep -E '^(summary|no NVIDIA)' "$LOGS/gpu-check.txt" | head -1 | cut -c1-160)
+record "flashopt-gpu-check" "$(status_of $RC)" "$STEP_TIME" "${S:-see gpu-check.txt}"
+if ((RC == 77)); then
+  NO_GPU=$(grep -m1 '^no NVIDIA GPU/driver:' "$LOGS/gpu-check.txt")
+elif ((RC != 0)); then
+  FAILED=1
+fi
+
+if [[ -n "$NO_GPU" ]]; then
+  record "flashopt-gpu-bench" "skipped" 0 "no GPU"
+  record "torch_adamw.py" "skipped" 0 "no GPU"
+  say "$NO_GPU"
+  finish 77
+fi
+
+# Benchmarks.
+run_step "flashopt-gpu-bench" 100 "$LOGS/gpu-bench.md" \
+  "$BUILD/bin/flashopt-gpu-bench" --kernels "$KERNELS"
+S=$(grep -E '^\| adamw_bf16_m24 \| 1e9 ' "$LOGS/gpu-bench.md" | head -1 | cut -c1-160)
+record "flashopt-gpu-bench" "$(status_of $RC)" "$STEP_TIME" "${S:-see gpu-bench.md}"
+((RC != 0)) && FAILED=1
+
+if command -v python3 >/dev/null 2>&1; then
+  run_step "torch_adamw.py" 100 "$LOGS/torch-adamw.md" python3 bench/torch_adamw.py
+  S=$(grep -E '^\| torch AdamW fused fp32 \| 1e9 |^no CUDA' "$LOGS/torch-adamw.md" | head -1 | cut -c1-160)
+  ST=$(status_of $RC)
+  ((RC == 77)) && ST="skipped (torch without CUDA)"
+  record "torch_adamw.py" "$ST" "$STEP_TIME" "${S:-see torch-adamw.md}"
+  ((RC != 0 && RC != 77)) && FAILED=1
+else
+  record "torch_adamw.py" "skipped" 0 "no python3"
+fi
+
+((CHECK_RC == 0 && FAILED == 0)) && finish 0
+finish 1
