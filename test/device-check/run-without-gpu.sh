@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# ctest: the GPU-independent part of scripts/device-check.sh.
+#   1. every shipped bundle carries PTX for sm_80/sm_90/sm_100 and, when ptxas
+#      is installed, a cubin per chip with 0 spills and <= 64 registers;
+#   2. `device-check.sh --prepare` gathers the build dependencies;
+#   3. `device-check.sh` builds the MLIR-free runtime (-DFLASHOPT_RUNTIME_ONLY)
+#      from scratch, runs the runtime unit tests, and then either checks the GPU
+#      (exit 0, on a machine with one) or stops with exit 77 and a message
+#      naming the missing driver (here).
+# Usage: run-without-gpu.sh SOURCE_DIR KERNELS_DIR WORK_DIR
+set -uo pipefail
+SRC=$1 KERNELS=$2 WORK=$3
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+n=0
+for spec in "$SRC"/specs/*.json; do
+  name=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["name"])' "$spec")
+  m="$KERNELS/$name/manifest.json"
+  [[ -f "$m" ]] || fail "no bundle for $spec in $KERNELS"
+  n=$((n + 1))
+  python3 - "$m" <<'PY' || fail "bad GPU entries in $m"
+import json, os, shutil, sys
+path = sys.argv[1]
+d = os.path.dirname(path)
+m = json.load(open(path))
+chips = {k["target"]: k for k in m["kernels"] if k["target"].startswith("sm_")}
+missing = {"sm_80", "sm_90", "sm_100"} - set(chips)
+assert not missing, f"{path}: no GPU kernel for {sorted(missing)}"
+for chip, k in chips.items():
+    assert os.path.isfile(os.path.join(d, k["file"])), f"{path}: {chip}: PTX {k['file']} missing"
+    if shutil.which("ptxas") or os.path.exists("/usr/local/cuda/bin/ptxas"):
+        assert k.get("cubin") and os.path.isfile(os.path.join(d, k["cubin"])), f"{path}: {chip}: no cubin"
+        assert k["spill_stores"] == 0 and k["spill_loads"] == 0, f"{path}: {chip}: spills"
+        assert 0 < k["registers"] <= 64, f"{path}: {chip}: {k['registers']} registers"
+PY
+done
+((n >= 26)) || fail "expected the bundles of every shipped spec in $KERNELS, found $n"
+# (examples/custom-rules bundles are CPU-only; they are not checked here.)
+echo "ok: $n bundles with PTX (and cubins) for sm_80, sm_90, sm_100"
+
+rm -rf "$WORK"
+mkdir -p "$WORK"
+FLASHOPT_DEVICE_DEPS="$WORK/deps" FLASHOPT_KERNELS="$KERNELS" \
+  bash "$SRC/scripts/device-check.sh" --prepare || fail "--prepare failed"
+
+FLASHOPT_DEVICE_DEPS="$WORK/deps" FLASHOPT_KERNELS="$KERNELS" \
+  FLASHOPT_DEVICE_BUILD="$WORK/build" OUT="$WORK/logs" \
+  bash "$SRC/scripts/device-check.sh" >"$WORK/out.txt" 2>&1
+rc=$?
+cat "$WORK/out.txt"
+S="$WORK/logs/summary.md"
+[[ -f "$S" ]] || fail "no summary table"
+grep -q '^| build | ok |' "$S" || fail "the runtime-only build did not succeed"
+grep -q '^| CudaTests (unit) | ok |' "$S" || fail "the CUDA runtime unit tests did not pass"
+grep -q '^| RuntimeTests (unit) | ok |' "$S" || fail "the host runtime unit tests did not pass"
+case $rc in
+0) echo "ok: a GPU is present and every GPU check passed" ;;
+77)
+  grep -q '^no NVIDIA GPU/driver: .*libcuda.so.1' "$WORK/out.txt" ||
+    fail "exit 77 without the 'no NVIDIA GPU/driver' message"
+  echo "ok: no GPU here; the script stops with 77 and says why (the GPU part needs a device)" ;;
+*) fail "device-check.sh exited $rc" ;;
+esac
