@@ -1,0 +1,433 @@
+/*===- flashopt.h - The libflashopt C ABI ------------------------*- C -*-===*
+ *
+ * Part of flashopt.
+ *
+ *===----------------------------------------------------------------------===*
+ *
+ * libflashopt runs the optimizer kernels flashopt-gen generates (a "bundle":
+ * manifest.json plus CPU shared objects and PTX/cubins) on parameters the
+ * caller owns. It contains no MLIR or LLVM.
+ *
+ *   flashopt_context    a device: the CPU (a thread pool) or CUDA device n.
+ *   flashopt_optimizer  one bundle on one context: param groups with their
+ *                       own hyper-parameters, registered parameters and
+ *                       gradients (caller-owned), and the optimizer state the
+ *                       library owns (codes, scales, correction terms).
+ *
+ * A typical life:
+ *
+ *   flashopt_context ctx;  flashopt_optimizer opt;  int64_t w;
+ *   flashopt_context_create(FLASHOPT_DEVICE_CPU, 0, &ctx);
+ *   flashopt_optimizer_create(ctx, "build/kernels/adamw_bf16_m24", &opt);
+ *   flashopt_set_hyper(opt, 0, "lr", 1e-3);
+ *   flashopt_add_param(opt, 0, "fc1.weight", w_ptr, FLASHOPT_BF16, n,
+ *                      g_ptr, FLASHOPT_BF16, &w);
+ *   for (...) { backward(); flashopt_step(opt); }
+ *   flashopt_save_checkpoint(opt, "ckpt.safetensors", FLASHOPT_CHECKPOINT_COMPRESSED);
+ *   flashopt_optimizer_destroy(opt);  flashopt_context_destroy(ctx);
+ *
+ * Conventions
+ *  - Every function returns a flashopt_status; FLASHOPT_OK is 0. On failure
+ *    nothing was changed (unless the function says otherwise) and
+ *    flashopt_last_error() describes what was wrong and where.
+ *  - Handles are opaque and never reused: a destroyed handle, or one that was
+ *    never created, is reported (FLASHOPT_ERROR_INVALID_HANDLE) rather than
+ *    dereferenced.
+ *  - Hyper-parameter values cross the ABI as double and are stored, as the
+ *    kernels use them, as float (round to nearest even); non-finite values
+ *    are rejected.
+ *  - Parameters and gradients live on the context's device: host memory for
+ *    FLASHOPT_DEVICE_CPU, device memory (CUdeviceptr cast to void*) for
+ *    FLASHOPT_DEVICE_CUDA. The library never frees them; they must stay
+ *    valid while registered.
+ *  - A single optimizer must not be used from two threads at once; distinct
+ *    optimizers may.
+ *  - DLPack: functions taking a `const struct DLTensor *` accept the DLPack
+ *    struct from <dlpack/dlpack.h> (any version with the v0.6+ layout); this
+ *    header does not include it.
+ *
+ *===----------------------------------------------------------------------===*/
+
+#ifndef FLASHOPT_H
+#define FLASHOPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FLASHOPT_API __declspec(dllimport)
+#else
+#define FLASHOPT_API __attribute__((visibility("default")))
+#endif
+
+/** Bumped on every incompatible change of this header. */
+#define FLASHOPT_ABI_VERSION 1
+
+struct DLTensor; /* from <dlpack/dlpack.h> */
+
+/*===----------------------------------------------------------------------===*
+ * Status and errors
+ *===----------------------------------------------------------------------===*/
+
+typedef enum flashopt_status {
+  FLASHOPT_OK = 0,
+  /** A null pointer, an out-of-range index or value, a bad enum. */
+  FLASHOPT_ERROR_INVALID_ARGUMENT = 1,
+  /** A handle that was destroyed or never created. */
+  FLASHOPT_ERROR_INVALID_HANDLE = 2,
+  /** A tensor of the wrong dtype. */
+  FLASHOPT_ERROR_DTYPE = 3,
+  /** A tensor on the wrong device, or a device that is not available. */
+  FLASHOPT_ERROR_DEVICE = 4,
+  /** A tensor or buffer of the wrong size or layout. */
+  FLASHOPT_ERROR_SIZE = 5,
+  /** An unknown name: hyper-parameter, parameter, file. */
+  FLASHOPT_ERROR_NOT_FOUND = 6,
+  /** A name or tensor that is already registered. */
+  FLASHOPT_ERROR_ALREADY_EXISTS = 7,
+  /** The call is not valid now (a gradient is missing, a hyper-parameter
+   *  without default was never set, ...). */
+  FLASHOPT_ERROR_STATE = 8,
+  /** A bad bundle, manifest or checkpoint file (content, not I/O). */
+  FLASHOPT_ERROR_FORMAT = 9,
+  /** A checkpoint of another spec, or of other parameters. */
+  FLASHOPT_ERROR_MISMATCH = 10,
+  /** Reading or writing a file failed. */
+  FLASHOPT_ERROR_IO = 11,
+  FLASHOPT_ERROR_OUT_OF_MEMORY = 12,
+  /** The operation is not supported on this device or by this bundle. */
+  FLASHOPT_ERROR_UNSUPPORTED = 13,
+  /** check_numerics found a problem (see flashopt_numerics_report). */
+  FLASHOPT_ERROR_NUMERICS = 14,
+  /** A CUDA driver call failed. */
+  FLASHOPT_ERROR_CUDA = 15,
+  FLASHOPT_ERROR_INTERNAL = 16
+} flashopt_status;
+
+/** What went wrong in the calling thread's most recent failed call (a
+ *  function name, the object and the reason), or "" if its most recent call
+ *  succeeded. Valid until the thread's next call into the library. */
+FLASHOPT_API const char *flashopt_last_error(void);
+/** "FLASHOPT_OK", "FLASHOPT_ERROR_DTYPE", ... ("unknown" otherwise). */
+FLASHOPT_API const char *flashopt_status_name(flashopt_status status);
+/** The library version ("0.1.0"). */
+FLASHOPT_API const char *flashopt_version(void);
+/** FLASHOPT_ABI_VERSION of the library actually loaded. */
+FLASHOPT_API int flashopt_abi_version(void);
+
+/*===----------------------------------------------------------------------===*
+ * Dtypes and devices
+ *===----------------------------------------------------------------------===*/
+
+typedef enum flashopt_dtype {
+  FLASHOPT_BF16 = 0,
+  FLASHOPT_F16 = 1,
+  FLASHOPT_F32 = 2,
+  FLASHOPT_I8 = 3,
+  FLASHOPT_U8 = 4,
+  FLASHOPT_I16 = 5
+} flashopt_dtype;
+
+/** "bf16", "f16", "f32", "i8", "ui8", "i16" (NULL for other values). */
+FLASHOPT_API const char *flashopt_dtype_name(flashopt_dtype dtype);
+/** Bytes per element (0 for other values). */
+FLASHOPT_API size_t flashopt_dtype_size(flashopt_dtype dtype);
+
+/** Device types; the values are DLPack's DLDeviceType (kDLCPU, kDLCUDA). */
+typedef enum flashopt_device_type {
+  FLASHOPT_DEVICE_CPU = 1,
+  FLASHOPT_DEVICE_CUDA = 2
+} flashopt_device_type;
+
+/*===----------------------------------------------------------------------===*
+ * Contexts
+ *===----------------------------------------------------------------------===*/
+
+typedef struct flashopt_context_handle *flashopt_context;
+
+/** Creates a context. CPU: `device_id` must be 0; steps use every hardware
+ *  thread (see flashopt_context_set_threads). CUDA: device `device_id`
+ *  through the driver API (libcuda.so.1, loaded at run time); without a
+ *  driver or GPU this fails with FLASHOPT_ERROR_DEVICE. */
+FLASHOPT_API flashopt_status flashopt_context_create(flashopt_device_type type,
+                                                     int device_id,
+                                                     flashopt_context *out);
+/** CPU contexts: the threads a step uses, the calling one included (0 = all
+ *  hardware threads). Applies to optimizers created afterwards and to
+ *  existing ones. */
+FLASHOPT_API flashopt_status flashopt_context_set_threads(flashopt_context ctx,
+                                                          int threads);
+/** Releases the handle. Optimizers created on it keep the device alive until
+ *  they are destroyed. */
+FLASHOPT_API flashopt_status flashopt_context_destroy(flashopt_context ctx);
+
+/*===----------------------------------------------------------------------===*
+ * Optimizers
+ *===----------------------------------------------------------------------===*/
+
+typedef struct flashopt_optimizer_handle *flashopt_optimizer;
+
+/** One file of an embedded bundle (`path` relative to the bundle). */
+typedef struct flashopt_bundle_file {
+  const char *path;
+  const void *data;
+  size_t size;
+} flashopt_bundle_file;
+
+/** A bundle compiled into the program (flashopt_add_kernels(... EMBED)):
+ *  manifest.json and the kernel files. */
+typedef struct flashopt_embedded_bundle {
+  uint32_t abi_version; /* FLASHOPT_ABI_VERSION */
+  const char *name;
+  size_t num_files;
+  const flashopt_bundle_file *files;
+} flashopt_embedded_bundle;
+
+/** Creates an optimizer from the bundle directory `bundle_dir` (holding
+ *  manifest.json). It starts with one param group (0) holding the
+ *  manifest's default hyper-parameters. */
+FLASHOPT_API flashopt_status flashopt_optimizer_create(flashopt_context ctx,
+                                                       const char *bundle_dir,
+                                                       flashopt_optimizer *out);
+/** Same, from a bundle embedded in the program. */
+FLASHOPT_API flashopt_status
+flashopt_optimizer_create_embedded(flashopt_context ctx,
+                                   const flashopt_embedded_bundle *bundle,
+                                   flashopt_optimizer *out);
+/** Frees the optimizer and its state (not the caller's tensors). */
+FLASHOPT_API flashopt_status flashopt_optimizer_destroy(flashopt_optimizer opt);
+
+typedef struct flashopt_optimizer_info {
+  const char *name;      /* the spec's name, e.g. "adamw_bf16_m24" */
+  const char *rule;      /* "adamw", or a custom rule's name */
+  const char *spec_hash; /* the manifest's spec hash */
+  flashopt_dtype param_dtype;
+  flashopt_dtype grad_dtype;
+  int has_correction;              /* 1 when the master weight is split */
+  flashopt_dtype correction_dtype; /* I8 or I16 when has_correction */
+  int64_t group_size;              /* elements per quantization group */
+  int32_t num_hypers;
+  int32_t num_states;
+  flashopt_device_type device_type;
+  int32_t device_id;
+} flashopt_optimizer_info;
+
+/** Fills `out`; its strings stay valid while the optimizer lives. */
+FLASHOPT_API flashopt_status
+flashopt_optimizer_get_info(flashopt_optimizer opt, flashopt_optimizer_info *out);
+/** The name of hyper-parameter `index` (0 <= index < num_hypers), in the
+ *  manifest's order. */
+FLASHOPT_API flashopt_status flashopt_hyper_name(flashopt_optimizer opt,
+                                                 int32_t index,
+                                                 const char **out);
+
+/*===----------------------------------------------------------------------===*
+ * Param groups and hyper-parameters
+ *===----------------------------------------------------------------------===*/
+
+/** Adds a param group holding the manifest's defaults; `*out_group` is its
+ *  index (groups are numbered 0, 1, ...). */
+FLASHOPT_API flashopt_status flashopt_add_param_group(flashopt_optimizer opt,
+                                                      int32_t *out_group);
+FLASHOPT_API flashopt_status flashopt_num_param_groups(flashopt_optimizer opt,
+                                                       int32_t *out);
+/** Sets hyper-parameter `name` ("lr", "beta1", "beta2", "eps",
+ *  "weight_decay", "momentum", "dampening", "nesterov", "decouple_lr",
+ *  "initial_lr", ...: whatever the rule declares) of param group `group`, or
+ *  of every group when `group` is -1. Takes effect at the next step (LR
+ *  schedules need no rebuild). Unknown names (FLASHOPT_ERROR_NOT_FOUND),
+ *  non-finite values, and a nonzero value for a hyper-parameter whose state
+ *  the spec elided (e.g. momentum of an SGD spec without momentum buffer)
+ *  are rejected. */
+FLASHOPT_API flashopt_status flashopt_set_hyper(flashopt_optimizer opt,
+                                                int32_t group, const char *name,
+                                                double value);
+FLASHOPT_API flashopt_status flashopt_get_hyper(flashopt_optimizer opt,
+                                                int32_t group, const char *name,
+                                                double *out);
+
+/*===----------------------------------------------------------------------===*
+ * Parameters and gradients
+ *===----------------------------------------------------------------------===*/
+
+/** Registers a parameter of `numel` elements in param group `group`.
+ *  `param` must have the bundle's param dtype and `grad` (NULL until the
+ *  first step is allowed) its grad dtype; both on the context's device,
+ *  16-byte aligned. `name` (NULL: "p<index>") names it in checkpoints and
+ *  must be unique. The library allocates its zeroed correction and state
+ *  slices (so the master weight starts at the parameter's value).
+ *  `*out_index` is the parameter's index (0, 1, ... in registration order).
+ *  Registering the same `param` memory twice is FLASHOPT_ERROR_ALREADY_EXISTS. */
+FLASHOPT_API flashopt_status flashopt_add_param(flashopt_optimizer opt,
+                                                int32_t group, const char *name,
+                                                void *param,
+                                                flashopt_dtype param_dtype,
+                                                int64_t numel, const void *grad,
+                                                flashopt_dtype grad_dtype,
+                                                int64_t *out_index);
+/** Same, from DLPack tensors (compact row-major, lanes 1, on the context's
+ *  device; `grad` may be NULL). The shape is kept for checkpoints. */
+FLASHOPT_API flashopt_status flashopt_add_param_dlpack(
+    flashopt_optimizer opt, int32_t group, const char *name,
+    const struct DLTensor *param, const struct DLTensor *grad,
+    int64_t *out_index);
+/** Re-points the gradient of parameter `index` (`numel` must match). */
+FLASHOPT_API flashopt_status flashopt_set_grad(flashopt_optimizer opt,
+                                               int64_t index, const void *grad,
+                                               flashopt_dtype grad_dtype,
+                                               int64_t numel);
+FLASHOPT_API flashopt_status flashopt_set_grad_dlpack(flashopt_optimizer opt,
+                                                      int64_t index,
+                                                      const struct DLTensor *grad);
+FLASHOPT_API flashopt_status flashopt_num_params(flashopt_optimizer opt,
+                                                 int64_t *out);
+/** The index of the parameter named `name`. */
+FLASHOPT_API flashopt_status flashopt_find_param(flashopt_optimizer opt,
+                                                 const char *name,
+                                                 int64_t *out_index);
+
+/*===----------------------------------------------------------------------===*
+ * Stepping
+ *===----------------------------------------------------------------------===*/
+
+typedef enum flashopt_nonfinite_policy {
+  /** Step anyway: NaN/Inf flow through the update as docs/NUMERICS.md §1
+   *  and §2 define (the default; no extra pass over the gradients). */
+  FLASHOPT_NONFINITE_PROPAGATE = 0,
+  /** Before stepping, scan the gradients about to be used; if any element is
+   *  NaN or ±Inf, change nothing (parameters, states and step counters stay
+   *  as they were), count the skip and return FLASHOPT_OK. */
+  FLASHOPT_NONFINITE_SKIP = 1
+} flashopt_nonfinite_policy;
+
+/** Steps every parameter: each parameter's step counter t += 1, then the
+ *  kernel runs over all of them (one launch per kernel variant on a GPU; on
+ *  the CPU, multithreaded over group-aligned chunks). Fails with
+ *  FLASHOPT_ERROR_STATE, changing nothing, when a gradient is missing or a
+ *  hyper-parameter without default was never set. */
+FLASHOPT_API flashopt_status flashopt_step(flashopt_optimizer opt);
+/** Steps one parameter (gradient release: call it as soon as its gradient is
+ *  ready, then the gradient may be freed). Its own step counter t += 1. A
+ *  mix of flashopt_step_param over every parameter once equals one
+ *  flashopt_step, bit for bit. */
+FLASHOPT_API flashopt_status flashopt_step_param(flashopt_optimizer opt,
+                                                 int64_t index);
+/** The step counter of parameter `index`, or with index -1 the number of
+ *  flashopt_step calls that stepped (skipped ones excluded). */
+FLASHOPT_API flashopt_status flashopt_get_step(flashopt_optimizer opt,
+                                               int64_t index, int64_t *out);
+FLASHOPT_API flashopt_status
+flashopt_set_nonfinite_policy(flashopt_optimizer opt,
+                              flashopt_nonfinite_policy policy);
+/** Steps (flashopt_step or flashopt_step_param calls) skipped so far under
+ *  FLASHOPT_NONFINITE_SKIP. */
+FLASHOPT_API flashopt_status flashopt_get_skipped_steps(flashopt_optimizer opt,
+                                                        int64_t *out);
+/** Waits until every step issued on a CUDA context has finished (a no-op on
+ *  the CPU, whose steps return when done). */
+FLASHOPT_API flashopt_status flashopt_synchronize(flashopt_optimizer opt);
+
+/*===----------------------------------------------------------------------===*
+ * Memory report
+ *===----------------------------------------------------------------------===*/
+
+/** Exact bytes of the registered parameters, by category. Per-group buffers
+ *  (scales) count ceil(numel / group_size) entries per parameter. */
+typedef struct flashopt_memory_report {
+  int64_t numel;
+  int64_t param_bytes;
+  int64_t correction_bytes;
+  int64_t grad_bytes;
+  int64_t state_bytes; /* codes, scales and plain states */
+  int64_t total_bytes; /* param + correction + grad + state */
+  int64_t total_bytes_with_grad_release; /* total - grad */
+  /* Bytes the library allocated (correction and states, with alignment
+   * padding and spare capacity). */
+  int64_t allocated_bytes;
+  double bytes_per_param;                    /* total / numel */
+  double bytes_per_param_with_grad_release;  /* (total - grad) / numel */
+} flashopt_memory_report;
+
+FLASHOPT_API flashopt_status flashopt_memory_report_get(flashopt_optimizer opt,
+                                                        flashopt_memory_report *out);
+
+/*===----------------------------------------------------------------------===*
+ * Master weights and numerics
+ *===----------------------------------------------------------------------===*/
+
+/** Writes the fp32 master weight of parameter `index` (the parameter plus its
+ *  correction term, docs/NUMERICS.md §1.4; the parameter itself when there is
+ *  no correction) to `out`, `numel` floats of host memory. */
+FLASHOPT_API flashopt_status flashopt_export_master_f32(flashopt_optimizer opt,
+                                                        int64_t index,
+                                                        float *out,
+                                                        int64_t numel);
+/** Sets parameter `index` from fp32 master weights in host memory: the
+ *  parameter becomes their RTNE narrowing and the correction term encodes the
+ *  rest (docs/NUMERICS.md §1.3). States are left alone. */
+FLASHOPT_API flashopt_status flashopt_import_master_f32(flashopt_optimizer opt,
+                                                        int64_t index,
+                                                        const float *in,
+                                                        int64_t numel);
+
+/** What check_numerics found for one parameter (docs/NUMERICS.md §4.3). */
+typedef struct flashopt_numerics_report {
+  int64_t params_checked;   /* parameters looked at */
+  int64_t params_too_small; /* ... whose lr cannot move their largest weight */
+  /* The first offending parameter (-1 when none), its param group, its
+   * max |weight|, its lr, and the smallest lr that would move it. */
+  int64_t first_param;
+  int32_t first_group;
+  double max_abs;
+  double lr;
+  double min_lr;
+  int64_t nonfinite_params; /* parameters holding NaN or Inf */
+} flashopt_numerics_report;
+
+/** Checks that each param group's lr can still move the largest weight of
+ *  each of its parameters given the master-weight precision. Fills `out`
+ *  (may be NULL) and returns FLASHOPT_ERROR_NUMERICS, with a message naming
+ *  the parameter, when some cannot (or a parameter holds NaN/Inf). */
+FLASHOPT_API flashopt_status flashopt_check_numerics(flashopt_optimizer opt,
+                                                     flashopt_numerics_report *out);
+
+/*===----------------------------------------------------------------------===*
+ * Checkpoints (safetensors)
+ *===----------------------------------------------------------------------===*/
+
+typedef enum flashopt_checkpoint_format {
+  /** Native dtypes: parameters, correction terms, codes and scales as the
+   *  optimizer holds them (AdamW bf16 + 24-bit master: 5.125 B/param). */
+  FLASHOPT_CHECKPOINT_COMPRESSED = 0,
+  /** Interoperable: fp32 master weights and fp32 (dequantized) states. */
+  FLASHOPT_CHECKPOINT_F32 = 1
+} flashopt_checkpoint_format;
+
+/** Writes a safetensors file: tensors "<param>", "<param>.correction",
+ *  "<param>.<state>.codes", "<param>.<state>.scales", "<param>.<state>"
+ *  (COMPRESSED) or "<param>" (F32 master) and "<param>.<state>" (F32), with
+ *  the spec hash, steps and hyper-parameters in __metadata__. Atomic: a
+ *  temporary file in the same directory, fsync, rename; on failure the
+ *  previous file at `path` is untouched. */
+FLASHOPT_API flashopt_status
+flashopt_save_checkpoint(flashopt_optimizer opt, const char *path,
+                         flashopt_checkpoint_format format);
+/** Loads a checkpoint written by flashopt_save_checkpoint (either format)
+ *  into an optimizer of the same spec with the same parameters registered
+ *  (names and sizes). Validates the header, offsets, sizes and dtypes before
+ *  changing anything; another spec or other parameters are
+ *  FLASHOPT_ERROR_MISMATCH. Restores parameters, correction terms, states,
+ *  step counters and hyper-parameters: N steps, save, load, M steps equals
+ *  N + M steps bit for bit (COMPRESSED). */
+FLASHOPT_API flashopt_status flashopt_load_checkpoint(flashopt_optimizer opt,
+                                                      const char *path);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHOPT_H */

@@ -1,0 +1,2 @@
+// Placeholder: the C ABI (flashopt.h), implemented for issue 4.
+#include "flashopt/flashopt.h"

@@ -1,0 +1,2 @@
+// Placeholder: implemented by the runtime work on issue 4.
+#include "Codec.h"

@@ -1,0 +1,60 @@
+//===- Codec.h - Host-side encodings of docs/NUMERICS.md --------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// The runtime's own host implementation of the storage encodings of
+/// docs/NUMERICS.md, for what the kernels do not do: exporting and importing
+/// fp32 master weights (§1.3, §1.4) and the fp32 checkpoint form (states
+/// dequantized, §2.4, and quantized again on load, §2.3). Every f32
+/// operation is one IEEE rounding in the documented order (the library is
+/// built with -ffp-contract=off), so decode agrees bit for bit with what the
+/// generated kernels compute internally.
+///
+/// Internal to libflashopt (not installed).
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_RUNTIME_CODEC_H
+#define FLASHOPT_RUNTIME_CODEC_H
+
+#include "flashopt/host/Harness.h"
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace flashopt::host::codec {
+
+/// Widens `n` values of `dtype` (BF16, F16 or F32) to f32 (exact).
+void widen(const void *in, DType dtype, int64_t n, float *out);
+/// Narrows `n` f32 values to `dtype` (BF16, F16 or F32), RTNE, no FTZ.
+void narrow(const float *in, int64_t n, DType dtype, void *out);
+
+/// The fp32 master weights of `n` elements: param (BF16/F16/F32) plus, when
+/// `correction` is I8 or I16, its correction term (§1.4). With no correction
+/// this is widen().
+void decode_master(const void *param, DType param_dtype, const void *corr,
+                   std::optional<DType> correction, int64_t n, float *out);
+/// The inverse (§1.3): param = RTNE narrowing of `in`, correction = the
+/// encoded remainder (when `correction` is set).
+void encode_master(const float *in, int64_t n, void *param, DType param_dtype,
+                   void *corr, std::optional<DType> correction);
+
+/// Dequantizes `n` elements of a quantized state (§2.4): codes (I8 or U8),
+/// one scale (F16/BF16/F32) per `group` elements, compander "none",
+/// "softsign" or "sqrt".
+void dequantize(const void *codes, DType code_dtype, const void *scales,
+                DType scale_dtype, std::string_view compand, int64_t group,
+                int64_t n, float *out);
+/// Quantizes `n` f32 values (§2.3), writing ceil(n / group) scales. A tail
+/// group is padded with zeros, as the kernels do.
+void quantize(const float *in, int64_t n, int64_t group,
+              std::string_view compand, void *codes, DType code_dtype,
+              void *scales, DType scale_dtype);
+
+} // namespace flashopt::host::codec
+
+#endif // FLASHOPT_RUNTIME_CODEC_H

@@ -1,0 +1,91 @@
+//===- Safetensors.h - safetensors files ------------------------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// Reading and writing the safetensors format: an 8-byte little-endian
+/// header length N, N bytes of JSON header (UTF-8, padded with spaces to a
+/// multiple of 8), then the raw little-endian tensor data. The header maps
+/// each tensor name to {"dtype", "shape", "data_offsets": [begin, end]}
+/// (offsets relative to the data section) and may hold "__metadata__", a
+/// string-to-string map.
+///
+/// Writes are atomic: a temporary file in the target's directory, fsync,
+/// rename, fsync of the directory; on any failure the temporary file is
+/// removed and a previous file at the path is untouched.
+///
+/// Reads validate everything before handing out data: the header length
+/// against the file size, the JSON, every entry's keys, dtype, shape and
+/// offsets (inside the data section, sized dtype * prod(shape), not
+/// overlapping, covering the data section), the metadata's types.
+///
+/// Internal to libflashopt (not installed).
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_RUNTIME_SAFETENSORS_H
+#define FLASHOPT_RUNTIME_SAFETENSORS_H
+
+#include "flashopt/host/Harness.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flashopt::host::safetensors {
+
+/// safetensors dtype names: "BF16", "F16", "F32", "I8", "U8", "I16".
+const char *dtype_name(DType t);
+std::optional<DType> parse_dtype(std::string_view name);
+
+/// One tensor to write; `data` points at prod(shape) * dtype_size bytes.
+struct TensorRef {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void *data = nullptr;
+};
+
+/// Writes `tensors` (in this order in the data section; the header lists
+/// them sorted by name, as the reference implementation does) and
+/// `metadata` to `path`, atomically.
+Status write_file(const std::string &path, const std::vector<TensorRef> &tensors,
+                  const std::map<std::string, std::string> &metadata);
+
+/// One tensor of a file that was read.
+struct StoredTensor {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  const uint8_t *data = nullptr; ///< into the File's buffer
+  int64_t bytes = 0;
+};
+
+/// A whole file read into memory and validated.
+class File {
+public:
+  /// Reads and validates `path`. Errors name the file and what is wrong
+  /// ("ckpt.safetensors: tensor 'w.param': data_offsets [0, 10] hold 10
+  /// bytes but BF16 [4] needs 8").
+  static Expected<File> read(const std::string &path);
+  const std::map<std::string, std::string> &metadata() const { return meta_; }
+  const std::map<std::string, StoredTensor> &tensors() const { return tensors_; }
+  /// The tensor named `name`, or nullptr.
+  const StoredTensor *find(const std::string &name) const;
+  const std::string &path() const { return path_; }
+
+private:
+  std::string path_;
+  std::vector<uint8_t> bytes_;
+  std::map<std::string, std::string> meta_;
+  std::map<std::string, StoredTensor> tensors_;
+};
+
+} // namespace flashopt::host::safetensors
+
+#endif // FLASHOPT_RUNTIME_SAFETENSORS_H
