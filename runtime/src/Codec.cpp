@@ -1,2 +1,356 @@
-// Placeholder: implemented by the runtime work on issue 4.
+//===- Codec.cpp - Host-side encodings of docs/NUMERICS.md ------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// widen / narrow (f32 <-> bf16 / f16, Float16.h), the master-weight split
+/// (docs/NUMERICS.md §1) and the group quantization of optimizer states (§2).
+///
+/// This file is compiled with -ffp-contract=off and every f32 operation is
+/// its own statement, in the order the contract writes it, so that each one
+/// is exactly one IEEE rounding and the results agree bit for bit with the
+/// generated kernels and with the test reference (test/reference/).
+/// min/max are the NaN-propagating `maximumf` / `minimumf` of the contract,
+/// not std::fmin / std::fmax (which ignore NaN).
+///
+//===----------------------------------------------------------------------===//
+
 #include "Codec.h"
+
+#include "flashopt/host/Float16.h"
+
+#include <cassert>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace flashopt::host::codec {
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+/// NaN-propagating max (arith.maximumf): NaN if either is NaN; +0 > -0.
+float maximumf(float a, float b) {
+  if (std::isnan(a) || std::isnan(b))
+    return kNaN;
+  if (a == 0.0f && b == 0.0f)
+    return std::signbit(a) ? b : a;
+  return a > b ? a : b;
+}
+
+/// NaN-propagating min (arith.minimumf): NaN if either is NaN; -0 < +0.
+float minimumf(float a, float b) {
+  if (std::isnan(a) || std::isnan(b))
+    return kNaN;
+  if (a == 0.0f && b == 0.0f)
+    return std::signbit(a) ? a : b;
+  return a < b ? a : b;
+}
+
+/// 2^k for an integer k in [-126, 127], exact (§1).
+float pow2(int32_t k) {
+  assert(k >= -126 && k <= 127 && "pow2 exponent out of the normal range");
+  return f32_from_bits(uint32_t(k + 127) << 23);
+}
+
+bool isNarrowFloat(DType t) { return t == DType::BF16 || t == DType::F16; }
+bool isFloat(DType t) { return isNarrowFloat(t) || t == DType::F32; }
+
+float widenBits(DType t, uint16_t bits) {
+  return t == DType::BF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+}
+uint16_t narrowBits(DType t, float v) {
+  return t == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+
+/// ℓ of a narrow value (2^ℓ = ULP(θ')/2), from its bits; no branch on the
+/// value class (inf/NaN use the all-ones exponent field).
+int32_t scaleExponent(uint16_t narrow, DType p) {
+  const int32_t m = p == DType::BF16 ? 7 : 10;
+  const int32_t bias = p == DType::BF16 ? 127 : 15;
+  const int32_t bits = int32_t(narrow & 0x7FFFu);
+  const int32_t field = bits >> m;
+  const int32_t e = field == 0 ? 1 - bias : field - bias;
+  return e - m - 1;
+}
+
+int32_t correctionMax(DType c) { return c == DType::I8 ? 127 : 32767; }
+
+int32_t loadCorrection(const void *corr, DType c, int64_t i) {
+  if (c == DType::I8)
+    return int32_t(static_cast<const int8_t *>(corr)[i]);
+  return int32_t(static_cast<const int16_t *>(corr)[i]);
+}
+
+void storeCorrection(void *corr, DType c, int64_t i, int32_t rho) {
+  if (c == DType::I8)
+    static_cast<int8_t *>(corr)[i] = int8_t(rho);
+  else
+    static_cast<int16_t *>(corr)[i] = int16_t(rho);
+}
+
+/// §1.4 decode of one element.
+float decodeOne(uint16_t narrow, int32_t rho, DType p, DType c) {
+  const float r = widenBits(p, narrow);
+  const int32_t l = scaleExponent(narrow, p);
+  const float rhoF = float(rho);              // exact: |rho| <= 32768
+  const float nF = float(correctionMax(c));   // exact
+  const float cc = rhoF / nF;
+  const int32_t h = l >> 1;                   // arithmetic shift: floor(l / 2)
+  const float e1 = cc * pow2(h);
+  const float e = e1 * pow2(l - h);
+  const float theta = r + e;
+  return theta;
+}
+
+/// §1.3 encode of one element.
+void encodeOne(float theta, DType p, DType c, uint16_t *narrowOut,
+               int32_t *rhoOut) {
+  const uint16_t nb = narrowBits(p, theta);
+  const float r = widenBits(p, nb);
+  const float e = theta - r;
+  const int32_t a = -scaleExponent(nb, p);
+  const int32_t h = a >> 1;
+  const float en1 = e * pow2(h);
+  const float en = en1 * pow2(a - h);
+  const float lo = maximumf(en, -1.0f);
+  const float ec = minimumf(lo, 1.0f);
+  const float nF = float(correctionMax(c));
+  const float s = ec * nF;
+  float rho = 0.0f;
+  if (!std::isnan(s)) {
+    const float mag = std::fabs(s);
+    const float half = mag + 0.5f;
+    const float fl = std::floor(half);
+    rho = std::copysign(fl, s); // round half away from zero
+  }
+  *narrowOut = nb;
+  *rhoOut = int32_t(rho); // exact: |rho| <= N
+}
+
+enum class Compand { None, Softsign, Sqrt };
+
+bool parseCompand(std::string_view s, Compand *out) {
+  if (s == "none")
+    *out = Compand::None;
+  else if (s == "softsign")
+    *out = Compand::Softsign;
+  else if (s == "sqrt")
+    *out = Compand::Sqrt;
+  else
+    return false;
+  return true;
+}
+
+float loadScale(const void *scales, DType t, int64_t g) {
+  if (t == DType::F32)
+    return static_cast<const float *>(scales)[g];
+  return widenBits(t, static_cast<const uint16_t *>(scales)[g]);
+}
+
+void storeScale(void *scales, DType t, int64_t g, float a) {
+  if (t == DType::F32)
+    static_cast<float *>(scales)[g] = a;
+  else
+    static_cast<uint16_t *>(scales)[g] = narrowBits(t, a);
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Validity of encodings
+//===----------------------------------------------------------------------===//
+
+bool valid_master_encoding(DType param_dtype,
+                           std::optional<DType> correction) {
+  if (!isFloat(param_dtype))
+    return false;
+  if (!correction)
+    return true;
+  return isNarrowFloat(param_dtype) &&
+         (*correction == DType::I8 || *correction == DType::I16);
+}
+
+bool valid_quant_encoding(DType code_dtype, DType scale_dtype,
+                          std::string_view compand, int64_t group) {
+  Compand c;
+  return (code_dtype == DType::I8 || code_dtype == DType::U8) &&
+         isFloat(scale_dtype) && parseCompand(compand, &c) && group > 0;
+}
+
+//===----------------------------------------------------------------------===//
+// widen / narrow
+//===----------------------------------------------------------------------===//
+
+void widen(const void *in, DType dtype, int64_t n, float *out) {
+  assert(isFloat(dtype) && "widen: dtype must be BF16, F16 or F32");
+  if (n <= 0)
+    return;
+  if (dtype == DType::F32) {
+    std::memmove(out, in, size_t(n) * sizeof(float));
+    return;
+  }
+  if (!isNarrowFloat(dtype)) {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = kNaN;
+    return;
+  }
+  const auto *src = static_cast<const uint16_t *>(in);
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = widenBits(dtype, src[i]);
+}
+
+void narrow(const float *in, int64_t n, DType dtype, void *out) {
+  assert(isFloat(dtype) && "narrow: dtype must be BF16, F16 or F32");
+  if (n <= 0)
+    return;
+  if (dtype == DType::F32) {
+    std::memmove(out, in, size_t(n) * sizeof(float));
+    return;
+  }
+  if (!isNarrowFloat(dtype))
+    return;
+  auto *dst = static_cast<uint16_t *>(out);
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = narrowBits(dtype, in[i]);
+}
+
+//===----------------------------------------------------------------------===//
+// Master weights (§1)
+//===----------------------------------------------------------------------===//
+
+void decode_master(const void *param, DType param_dtype, const void *corr,
+                   std::optional<DType> correction, int64_t n, float *out) {
+  assert(valid_master_encoding(param_dtype, correction) &&
+         "decode_master: invalid parameter / correction dtypes");
+  if (!correction || !isNarrowFloat(param_dtype) ||
+      !valid_master_encoding(param_dtype, correction)) {
+    widen(param, param_dtype, n, out);
+    return;
+  }
+  const auto *p = static_cast<const uint16_t *>(param);
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = decodeOne(p[i], loadCorrection(corr, *correction, i),
+                       param_dtype, *correction);
+}
+
+void encode_master(const float *in, int64_t n, void *param, DType param_dtype,
+                   void *corr, std::optional<DType> correction) {
+  assert(valid_master_encoding(param_dtype, correction) &&
+         "encode_master: invalid parameter / correction dtypes");
+  if (!correction || !isNarrowFloat(param_dtype) ||
+      !valid_master_encoding(param_dtype, correction)) {
+    narrow(in, n, param_dtype, param);
+    return;
+  }
+  auto *p = static_cast<uint16_t *>(param);
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t nb;
+    int32_t rho;
+    encodeOne(in[i], param_dtype, *correction, &nb, &rho);
+    p[i] = nb;
+    storeCorrection(corr, *correction, i, rho);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Quantized states (§2)
+//===----------------------------------------------------------------------===//
+
+void dequantize(const void *codes, DType code_dtype, const void *scales,
+                DType scale_dtype, std::string_view compand, int64_t group,
+                int64_t n, float *out) {
+  Compand c = Compand::None;
+  const bool valid = valid_quant_encoding(code_dtype, scale_dtype, compand,
+                                          group) &&
+                     parseCompand(compand, &c);
+  assert(valid && "dequantize: invalid quantized encoding");
+  if (!valid) {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = kNaN;
+    return;
+  }
+  const bool isSigned = code_dtype == DType::I8;
+  const float nMax = isSigned ? 127.0f : 255.0f;
+  for (int64_t g0 = 0, gi = 0; g0 < n; g0 += group, ++gi) {
+    const int64_t end = n - g0 < group ? n : g0 + group;
+    const float scale = loadScale(scales, scale_dtype, gi);
+    for (int64_t i = g0; i < end; ++i) {
+      const int32_t q = isSigned
+                            ? int32_t(static_cast<const int8_t *>(codes)[i])
+                            : int32_t(static_cast<const uint8_t *>(codes)[i]);
+      const float t = float(q) / nMax;
+      float v = t;
+      if (c == Compand::Softsign) {
+        const float at = std::fabs(t);
+        const float den = 2.0f - at;
+        v = t / den;
+      }
+      float x = v * scale;
+      if (c == Compand::Sqrt)
+        x = x * x;
+      out[i] = x;
+    }
+  }
+}
+
+void quantize(const float *in, int64_t n, int64_t group,
+              std::string_view compand, void *codes, DType code_dtype,
+              void *scales, DType scale_dtype) {
+  Compand c = Compand::None;
+  const bool valid = valid_quant_encoding(code_dtype, scale_dtype, compand,
+                                          group) &&
+                     parseCompand(compand, &c);
+  assert(valid && "quantize: invalid quantized encoding");
+  if (!valid)
+    return;
+  const bool isSigned = code_dtype == DType::I8;
+  const float nMax = isSigned ? 127.0f : 255.0f;
+  const float lo = isSigned ? -127.0f : 0.0f;
+  auto compandIn = [&](float x) {
+    if (c == Compand::Sqrt)
+      return std::sqrt(x);
+    return x;
+  };
+  for (int64_t g0 = 0, gi = 0; g0 < n; g0 += group, ++gi) {
+    // Only the valid elements take part; the zero padding of a tail group
+    // cannot raise the absmax (|y| >= 0, and the max starts at +0).
+    const int64_t end = n - g0 < group ? n : g0 + group;
+    float a = 0.0f;
+    for (int64_t i = g0; i < end; ++i) {
+      const float y = compandIn(in[i]);
+      const float ay = std::fabs(y);
+      a = maximumf(a, ay);
+    }
+    a = maximumf(a, 1e-12f);
+    storeScale(scales, scale_dtype, gi, a); // codes use the f32 absmax
+    for (int64_t i = g0; i < end; ++i) {
+      const float y = compandIn(in[i]);
+      const float nn = y / a;
+      float t = nn;
+      if (c == Compand::Softsign) {
+        const float twoN = 2.0f * nn;
+        const float an = std::fabs(nn);
+        const float den = 1.0f + an;
+        t = twoN / den;
+      }
+      const float scaled = t * nMax;
+      const float shifted = scaled + 0.5f;
+      const float f = std::floor(shifted);
+      float q = 0.0f;
+      if (!std::isnan(f)) {
+        const float clo = maximumf(f, lo);
+        q = minimumf(clo, nMax);
+      }
+      if (isSigned)
+        static_cast<int8_t *>(codes)[i] = int8_t(int32_t(q));
+      else
+        static_cast<uint8_t *>(codes)[i] = uint8_t(int32_t(q));
+    }
+  }
+}
+
+} // namespace flashopt::host::codec

@@ -28,6 +28,20 @@
 
 namespace flashopt::host::codec {
 
+/// Whether (param_dtype, correction) is a master-weight encoding of §1:
+/// param BF16/F16/F32; correction nullopt, or I8/I16 with a BF16/F16 param.
+/// decode_master / encode_master require it (with an invalid pair they
+/// fall back to plain widen / narrow and assert in debug builds).
+bool valid_master_encoding(DType param_dtype, std::optional<DType> correction);
+/// Whether a quantized encoding is one dequantize / quantize handle: codes
+/// I8 or U8, scales BF16/F16/F32, compander "none", "softsign" or "sqrt",
+/// group > 0. (Every combination is computed as §2 writes it; the manifest
+/// additionally restricts softsign to I8 and sqrt to U8.) With an invalid
+/// encoding dequantize writes NaN, quantize writes nothing, and both assert
+/// in debug builds.
+bool valid_quant_encoding(DType code_dtype, DType scale_dtype,
+                          std::string_view compand, int64_t group);
+
 /// Widens `n` values of `dtype` (BF16, F16 or F32) to f32 (exact).
 void widen(const void *in, DType dtype, int64_t n, float *out);
 /// Narrows `n` f32 values to `dtype` (BF16, F16 or F32), RTNE, no FTZ.

@@ -1,2 +1,603 @@
-// Placeholder: implemented by the runtime work on issue 4.
+//===- Safetensors.cpp - safetensors files ----------------------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// Validated reading and atomic writing of safetensors files (see
+/// Safetensors.h for the format). Reading accepts exactly what the reference
+/// implementation (huggingface/safetensors) accepts for our dtypes, and is
+/// stricter where it is lax: entries must hold exactly dtype / shape /
+/// data_offsets, JSON keys must not repeat, shapes and offsets must be
+/// non-negative integers (no floats), and every byte of the data section
+/// belongs to exactly one tensor.
+///
+/// Exceptions (nlohmann/json, allocation) are caught in this file and turned
+/// into a Status; none escapes.
+///
+//===----------------------------------------------------------------------===//
+
 #include "Safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <limits>
+#include <new>
+#include <set>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "Safetensors.cpp assumes a little-endian host"
+#endif
+
+namespace flashopt::host::safetensors {
+
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+/// The largest header the reference implementation accepts.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char *kMetadataKey = "__metadata__";
+
+std::string quote(const std::string &s) { return "'" + s + "'"; }
+
+std::string errnoText(int err) { return std::strerror(err); }
+
+/// "BF16 [4, 3]".
+std::string describe(DType t, const std::vector<int64_t> &shape) {
+  std::string s = safetensors::dtype_name(t);
+  s += " [";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i)
+      s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+/// numel and byte size of (dtype, shape); false on a negative dimension or
+/// 64-bit overflow.
+bool tensorSize(DType t, const std::vector<int64_t> &shape, int64_t *numel,
+                int64_t *bytes) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n))
+      return false;
+  }
+  int64_t b;
+  if (__builtin_mul_overflow(n, int64_t(dtype_size(t)), &b))
+    return false;
+  *numel = n;
+  *bytes = b;
+  return true;
+}
+
+/// A non-negative JSON integer (no floats, no negatives, at most INT64_MAX).
+bool asIndex(const json &j, int64_t *out) {
+  if (!j.is_number_unsigned())
+    return false;
+  uint64_t v = j.get<uint64_t>();
+  if (v > uint64_t(std::numeric_limits<int64_t>::max()))
+    return false;
+  *out = int64_t(v);
+  return true;
+}
+
+/// What a JSON value is, for messages: "an object", "a number (-3)".
+std::string found(const json &j) {
+  std::string t = j.type_name();
+  std::string s = (t == "object" || t == "array") ? "an " + t
+                  : t == "null"                   ? t
+                                                  : "a " + t;
+  if (j.is_primitive() && !j.is_null()) {
+    std::string v = j.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (v.size() <= 40)
+      s += " (" + v + ")";
+  }
+  return s;
+}
+
+//===----------------------------------------------------------------------===//
+// File I/O helpers
+//===----------------------------------------------------------------------===//
+
+bool writeAll(int fd, const void *data, size_t n, int *err) {
+  const auto *p = static_cast<const uint8_t *>(data);
+  while (n > 0) {
+    size_t chunk = std::min<size_t>(n, size_t(1) << 30);
+    ssize_t w = ::write(fd, p, chunk);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      *err = errno;
+      return false;
+    }
+    if (w == 0) {
+      *err = EIO;
+      return false;
+    }
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+/// The directory part of `path` ("." when it has none) and the file name.
+void splitPath(const std::string &path, std::string *dir, std::string *base) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) {
+    *dir = ".";
+    *base = path;
+  } else {
+    *dir = slash == 0 ? "/" : path.substr(0, slash);
+    *base = path.substr(slash + 1);
+  }
+}
+
+std::atomic<uint64_t> tempCounter{0};
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Dtypes
+//===----------------------------------------------------------------------===//
+
+const char *dtype_name(DType t) {
+  switch (t) {
+  case DType::BF16:
+    return "BF16";
+  case DType::F16:
+    return "F16";
+  case DType::F32:
+    return "F32";
+  case DType::I8:
+    return "I8";
+  case DType::U8:
+    return "U8";
+  case DType::I16:
+    return "I16";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  for (DType t : {DType::BF16, DType::F16, DType::F32, DType::I8, DType::U8,
+                  DType::I16})
+    if (name == safetensors::dtype_name(t))
+      return t;
+  return std::nullopt;
+}
+
+//===----------------------------------------------------------------------===//
+// Writing
+//===----------------------------------------------------------------------===//
+
+Status write_file(const std::string &path, const std::vector<TensorRef> &tensors,
+                  const std::map<std::string, std::string> &metadata) {
+  const std::string where = path + ": ";
+  if (path.empty())
+    return Status::error("safetensors: empty output path");
+  std::string dir, base;
+  splitPath(path, &dir, &base);
+  if (base.empty() || base == "." || base == "..")
+    return Status::error(where + "the path names a directory, not a file");
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return Status::error(where + "is a directory; expected a file path");
+
+  try {
+    // Validate the tensors and lay out the data section in the given order.
+    std::vector<int64_t> begin(tensors.size()), size(tensors.size());
+    std::set<std::string> names;
+    int64_t offset = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorRef &t = tensors[i];
+      const std::string tw = where + "tensor " + quote(t.name) + ": ";
+      if (t.name.empty())
+        return Status::error(where + "tensor " + std::to_string(i) +
+                             " has an empty name");
+      if (t.name == kMetadataKey)
+        return Status::error(tw + "the name is reserved for the metadata");
+      if (!names.insert(t.name).second)
+        return Status::error(tw + "the name is used by more than one tensor");
+      if (!parse_dtype(safetensors::dtype_name(t.dtype)))
+        return Status::error(tw + "unsupported dtype");
+      int64_t numel, bytes;
+      for (size_t d = 0; d < t.shape.size(); ++d)
+        if (t.shape[d] < 0)
+          return Status::error(tw + "shape[" + std::to_string(d) + "] is " +
+                               std::to_string(t.shape[d]) +
+                               ", expected a non-negative size");
+      if (!tensorSize(t.dtype, t.shape, &numel, &bytes))
+        return Status::error(tw + describe(t.dtype, t.shape) +
+                             " is too large (its byte size overflows 64 bits)");
+      if (bytes > 0 && t.data == nullptr)
+        return Status::error(tw + "data is null but " +
+                             describe(t.dtype, t.shape) + " needs " +
+                             std::to_string(bytes) + " bytes");
+      if (__builtin_add_overflow(offset, bytes, &offset))
+        return Status::error(where + "the data section is too large");
+      begin[i] = offset - bytes;
+      size[i] = bytes;
+    }
+
+    // The header: __metadata__ first, then the tensors sorted by name.
+    ordered_json header = ordered_json::object();
+    if (!metadata.empty()) {
+      ordered_json m = ordered_json::object();
+      for (const auto &kv : metadata)
+        m[kv.first] = kv.second;
+      header[kMetadataKey] = std::move(m);
+    }
+    std::vector<size_t> order(tensors.size());
+    for (size_t i = 0; i < order.size(); ++i)
+      order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return tensors[a].name < tensors[b].name;
+    });
+    for (size_t i : order) {
+      const TensorRef &t = tensors[i];
+      ordered_json e = ordered_json::object();
+      e["dtype"] = safetensors::dtype_name(t.dtype);
+      e["shape"] = t.shape;
+      e["data_offsets"] = {uint64_t(begin[i]), uint64_t(begin[i] + size[i])};
+      header[t.name] = std::move(e);
+    }
+    std::string text;
+    try {
+      text = header.dump();
+    } catch (const ordered_json::type_error &e) {
+      return Status::error(where +
+                           "a tensor name or metadata string is not valid "
+                           "UTF-8 (" +
+                           e.what() + ")");
+    }
+    text.append((8 - text.size() % 8) % 8, ' ');
+    if (text.size() > kMaxHeaderBytes)
+      return Status::error(where + "the header would be " +
+                           std::to_string(text.size()) +
+                           " bytes, more than the format's maximum of " +
+                           std::to_string(kMaxHeaderBytes));
+    uint8_t len[8];
+    uint64_t n = text.size();
+    std::memcpy(len, &n, 8); // little-endian host
+
+    // A fresh temporary file next to the target.
+    std::string tmp;
+    int fd = -1;
+    for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+      tmp = (dir == "/" ? std::string("/") : dir + "/") + "." + base + ".tmp-" +
+            std::to_string(::getpid()) + "-" +
+            std::to_string(tempCounter.fetch_add(1));
+      fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd < 0 && errno != EEXIST)
+        return Status::error(where + "cannot create the temporary file " +
+                             quote(tmp) + ": " + errnoText(errno));
+    }
+    if (fd < 0)
+      return Status::error(where + "cannot create a temporary file in " +
+                           quote(dir) + ": names in use");
+
+    auto fail = [&](const std::string &what, int err) {
+      if (fd >= 0)
+        ::close(fd);
+      ::unlink(tmp.c_str());
+      return Status::error(where + what + ": " + errnoText(err));
+    };
+    int err = 0;
+    if (!writeAll(fd, len, 8, &err) ||
+        !writeAll(fd, text.data(), text.size(), &err))
+      return fail("writing the header to " + quote(tmp), err);
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (size[i] > 0 &&
+          !writeAll(fd, tensors[i].data, size_t(size[i]), &err))
+        return fail("writing tensor " + quote(tensors[i].name) + " to " +
+                        quote(tmp),
+                    err);
+    if (::fsync(fd) != 0)
+      return fail("fsync of " + quote(tmp), errno);
+    int closeResult = ::close(fd);
+    fd = -1;
+    if (closeResult != 0)
+      return fail("closing " + quote(tmp), errno);
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      return fail("renaming " + quote(tmp) + " to the target", errno);
+
+    // Make the rename durable.
+    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+      return Status::error(where + "written, but opening its directory " +
+                           quote(dir) + " to fsync it failed: " +
+                           errnoText(errno));
+    int syncResult = ::fsync(dfd);
+    int syncErr = errno;
+    ::close(dfd);
+    if (syncResult != 0 && syncErr != EINVAL) // EINVAL: not supported there
+      return Status::error(where + "written, but the fsync of its directory " +
+                           quote(dir) + " failed: " + errnoText(syncErr));
+    return Status::success();
+  } catch (const std::bad_alloc &) {
+    return Status::error(where + "out of memory");
+  } catch (const std::exception &e) {
+    return Status::error(where + "internal error: " + e.what());
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Reading
+//===----------------------------------------------------------------------===//
+
+File::File(const File &other)
+    : path_(other.path_), bytes_(other.bytes_), meta_(other.meta_),
+      tensors_(other.tensors_) {
+  for (auto &kv : tensors_)
+    kv.second.data = bytes_.data() + (kv.second.data - other.bytes_.data());
+}
+
+File &File::operator=(const File &other) {
+  if (this != &other) {
+    File copy(other);
+    *this = std::move(copy);
+  }
+  return *this;
+}
+
+const StoredTensor *File::find(const std::string &name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+Expected<File> File::read(const std::string &path) {
+  const std::string where = path + ": ";
+  try {
+    // The whole file.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      return Status::error(where + "cannot open: " + errnoText(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      return Status::error(where + "cannot stat: " + errnoText(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return Status::error(where + "not a regular file");
+    }
+    File f;
+    f.path_ = path;
+    f.bytes_.resize(size_t(st.st_size));
+    size_t got = 0;
+    while (got < f.bytes_.size()) {
+      ssize_t r = ::read(fd, f.bytes_.data() + got, f.bytes_.size() - got);
+      if (r < 0 && errno == EINTR)
+        continue;
+      if (r < 0) {
+        int err = errno;
+        ::close(fd);
+        return Status::error(where + "read error: " + errnoText(err));
+      }
+      if (r == 0)
+        break;
+      got += size_t(r);
+    }
+    ::close(fd);
+    if (got != f.bytes_.size())
+      return Status::error(where + "the file shrank while being read (" +
+                           std::to_string(got) + " of " +
+                           std::to_string(f.bytes_.size()) + " bytes)");
+    const uint64_t fileSize = f.bytes_.size();
+
+    // The header length and the header.
+    if (fileSize < 8)
+      return Status::error(where + "the file is " + std::to_string(fileSize) +
+                           " bytes, too short for the 8-byte header length");
+    uint64_t n;
+    std::memcpy(&n, f.bytes_.data(), 8); // little-endian host
+    if (n > kMaxHeaderBytes)
+      return Status::error(where + "header length " + std::to_string(n) +
+                           " exceeds the maximum of " +
+                           std::to_string(kMaxHeaderBytes) + " bytes");
+    if (n > fileSize - 8)
+      return Status::error(where + "header length " + std::to_string(n) +
+                           " exceeds the " + std::to_string(fileSize - 8) +
+                           " bytes that follow it in the file");
+    if (n == 0)
+      return Status::error(where + "header length is 0; expected a JSON "
+                                   "object");
+    const char *text = reinterpret_cast<const char *>(f.bytes_.data() + 8);
+    if (text[0] != '{')
+      return Status::error(where + "the header does not start with '{'");
+    // nlohmann/json stops at a NUL byte; valid JSON never holds a raw one.
+    if (const void *nul = std::memchr(text, 0, n))
+      return Status::error(
+          where + "the header is not valid JSON: NUL byte at offset " +
+          std::to_string(static_cast<const char *>(nul) - text));
+    const int64_t dataBegin = int64_t(8 + n);
+    const int64_t dataSize = int64_t(fileSize) - dataBegin;
+
+    // Parse, refusing repeated keys (nlohmann would keep the last one).
+    std::vector<std::set<std::string>> keyStack;
+    std::string duplicate;
+    json::parser_callback_t cb = [&](int, json::parse_event_t ev,
+                                     json &parsed) {
+      switch (ev) {
+      case json::parse_event_t::object_start:
+        keyStack.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!keyStack.empty())
+          keyStack.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!keyStack.empty() && parsed.is_string() &&
+            !keyStack.back().insert(parsed.get<std::string>()).second &&
+            duplicate.empty())
+          duplicate = parsed.get<std::string>();
+        break;
+      default:
+        break;
+      }
+      return true;
+    };
+    json header;
+    try {
+      header = json::parse(text, text + n, cb);
+    } catch (const json::parse_error &e) {
+      return Status::error(where + "the header is not valid JSON: " +
+                           e.what());
+    }
+    if (!duplicate.empty())
+      return Status::error(where + "the header repeats the key " +
+                           quote(duplicate));
+    if (!header.is_object())
+      return Status::error(where + "the header is a JSON " +
+                           std::string(header.type_name()) +
+                           ", expected an object");
+
+    struct Span {
+      int64_t begin, end;
+      const std::string *name;
+    };
+    std::vector<Span> spans;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      const std::string &name = it.key();
+      const json &v = it.value();
+      if (name == kMetadataKey) {
+        if (!v.is_object())
+          return Status::error(where + "__metadata__ is " + found(v) +
+                               ", expected an object of strings");
+        for (auto m = v.begin(); m != v.end(); ++m) {
+          if (!m.value().is_string())
+            return Status::error(where + "__metadata__ key " +
+                                 quote(m.key()) + " holds " +
+                                 found(m.value()) + ", expected a string");
+          f.meta_[m.key()] = m.value().get<std::string>();
+        }
+        continue;
+      }
+      const std::string tw = where + "tensor " + quote(name) + ": ";
+      if (!v.is_object())
+        return Status::error(tw + "the entry is " + found(v) +
+                             ", expected an object with dtype, shape and "
+                             "data_offsets");
+      for (auto k = v.begin(); k != v.end(); ++k)
+        if (k.key() != "dtype" && k.key() != "shape" &&
+            k.key() != "data_offsets")
+          return Status::error(tw + "unexpected key " + quote(k.key()) +
+                               " (expected exactly dtype, shape and "
+                               "data_offsets)");
+      for (const char *k : {"dtype", "shape", "data_offsets"})
+        if (!v.contains(k))
+          return Status::error(tw + "missing " + quote(k));
+
+      StoredTensor t;
+      const json &dt = v.at("dtype");
+      if (!dt.is_string())
+        return Status::error(tw + "dtype is " + found(dt) +
+                             ", expected a string");
+      std::optional<DType> dtype = parse_dtype(dt.get<std::string>());
+      if (!dtype)
+        return Status::error(tw + "dtype " + quote(dt.get<std::string>()) +
+                             " is not supported (expected one of BF16, F16, "
+                             "F32, I8, U8, I16)");
+      t.dtype = *dtype;
+
+      const json &sh = v.at("shape");
+      if (!sh.is_array())
+        return Status::error(tw + "shape is " + found(sh) +
+                             ", expected an array of non-negative integers");
+      for (size_t d = 0; d < sh.size(); ++d) {
+        int64_t dim;
+        if (!asIndex(sh[d], &dim))
+          return Status::error(tw + "shape[" + std::to_string(d) + "] is " +
+                               found(sh[d]) +
+                               ", expected a non-negative integer");
+        t.shape.push_back(dim);
+      }
+      if (!tensorSize(t.dtype, t.shape, &t.numel, &t.bytes))
+        return Status::error(tw + describe(t.dtype, t.shape) +
+                             " is too large (its byte size overflows 64 "
+                             "bits)");
+
+      const json &off = v.at("data_offsets");
+      int64_t b, e;
+      if (!off.is_array() || off.size() != 2)
+        return Status::error(tw + "data_offsets is " + found(off) +
+                             (off.is_array() ? " of " +
+                                                   std::to_string(off.size()) +
+                                                   " elements"
+                                             : std::string()) +
+                             ", expected [begin, end]");
+      if (!asIndex(off[0], &b) || !asIndex(off[1], &e))
+        return Status::error(tw + "data_offsets " + off.dump() +
+                             " must be two non-negative integers");
+      const std::string offText =
+          "data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + "]";
+      if (b > e)
+        return Status::error(tw + offText + " end before they begin");
+      if (e > dataSize)
+        return Status::error(tw + offText + " run past the end of the " +
+                             std::to_string(dataSize) +
+                             "-byte data section");
+      if (e - b != t.bytes)
+        return Status::error(tw + offText + " hold " + std::to_string(e - b) +
+                             " bytes but " + describe(t.dtype, t.shape) +
+                             " needs " + std::to_string(t.bytes));
+      auto ins = f.tensors_.emplace(name, std::move(t));
+      StoredTensor &stored = ins.first->second;
+      stored.data = f.bytes_.data() + dataBegin + b;
+      spans.push_back({b, e, &ins.first->first});
+    }
+
+    // Every byte of the data section belongs to exactly one tensor.
+    std::sort(spans.begin(), spans.end(), [](const Span &x, const Span &y) {
+      if (x.begin != y.begin)
+        return x.begin < y.begin;
+      if (x.end != y.end)
+        return x.end < y.end;
+      return *x.name < *y.name;
+    });
+    int64_t covered = 0;
+    const Span *prev = nullptr;
+    for (const Span &s : spans) {
+      if (s.begin < covered)
+        return Status::error(where + "tensor " + quote(*s.name) +
+                             ": data_offsets [" + std::to_string(s.begin) +
+                             ", " + std::to_string(s.end) +
+                             "] overlap tensor " + quote(*prev->name) +
+                             " [" + std::to_string(prev->begin) + ", " +
+                             std::to_string(prev->end) + "]");
+      if (s.begin > covered)
+        return Status::error(where + "bytes [" + std::to_string(covered) +
+                             ", " + std::to_string(s.begin) +
+                             ") of the data section belong to no tensor");
+      covered = s.end;
+      prev = &s;
+    }
+    if (covered != dataSize)
+      return Status::error(where + "the data section has " +
+                           std::to_string(dataSize) +
+                           " bytes but the tensors cover only " +
+                           std::to_string(covered) + " (bytes [" +
+                           std::to_string(covered) + ", " +
+                           std::to_string(dataSize) +
+                           ") belong to no tensor)");
+    return Expected<File>(std::move(f));
+  } catch (const std::bad_alloc &) {
+    return Status::error(where + "out of memory");
+  } catch (const std::exception &e) {
+    return Status::error(where + "internal error: " + e.what());
+  }
+}
+
+} // namespace flashopt::host::safetensors

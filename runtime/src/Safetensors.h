@@ -62,13 +62,22 @@ struct StoredTensor {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   int64_t numel = 0;
-  const uint8_t *data = nullptr; ///< into the File's buffer
+  /// Into the File's buffer; not necessarily aligned for the dtype (the
+  /// format packs tensors back to back): copy out with memcpy.
+  const uint8_t *data = nullptr;
   int64_t bytes = 0;
 };
 
 /// A whole file read into memory and validated.
 class File {
 public:
+  File() = default;
+  /// Copies rebase the tensors' data pointers onto the copy's own buffer.
+  File(const File &other);
+  File &operator=(const File &other);
+  File(File &&) = default;
+  File &operator=(File &&) = default;
+
   /// Reads and validates `path`. Errors name the file and what is wrong
   /// ("ckpt.safetensors: tensor 'w.param': data_offsets [0, 10] hold 10
   /// bytes but BF16 [4] needs 8").
