@@ -19,10 +19,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <sys/stat.h>
 
@@ -97,12 +100,23 @@ CudaDriver::load(const std::string &library) {
 }
 
 Expected<const CudaDriver *> CudaDriver::get() {
-  // Loaded once, never unloaded (other libraries may hold its contexts).
-  static Expected<std::unique_ptr<CudaDriver>> *const loaded =
-      new Expected<std::unique_ptr<CudaDriver>>(load(kDriverLibrary));
-  if (!loaded->ok())
-    return loaded->status();
-  return static_cast<const CudaDriver *>(loaded->value().get());
+  // The library: libcuda.so.1, or $FLASHOPT_CUDA_DRIVER (tests point it at a
+  // stand-in or at a missing file). Each is loaded once and never unloaded
+  // (other libraries may hold its contexts).
+  std::string library = kDriverLibrary;
+  if (const char *env = std::getenv("FLASHOPT_CUDA_DRIVER"))
+    if (*env)
+      library = env;
+  static std::mutex *const mu = new std::mutex();
+  static auto *const loaded =
+      new std::map<std::string, Expected<std::unique_ptr<CudaDriver>>>();
+  std::lock_guard<std::mutex> lock(*mu);
+  auto it = loaded->find(library);
+  if (it == loaded->end())
+    it = loaded->emplace(library, load(library)).first;
+  if (!it->second.ok())
+    return it->second.status();
+  return static_cast<const CudaDriver *>(it->second.value().get());
 }
 
 std::string CudaDriver::describe(CUresult r) const {
@@ -620,6 +634,10 @@ struct CudaOptimizer::Impl {
 
   std::vector<int64_t> table; ///< host copy of the device table
   int64_t records = 0;
+  std::vector<int64_t> recordStart; ///< [tensor] its first record; + total
+  std::vector<int64_t> subTable;    ///< step_tensors: compacted records
+  CUdeviceptr devSubTable = 0;
+  int64_t devSubTableBytes = 0;
   bool tableDirty = true;
   CUdeviceptr devTable = 0, devHypers = 0;
   int64_t devTableBytes = 0, devHypersBytes = 0;
@@ -709,11 +727,13 @@ struct CudaOptimizer::Impl {
     table.reserve(tensors.size() * size_t(m->record_words));
     std::vector<int64_t> addresses(B, 0);
     records = 0;
+    recordStart.assign(1, 0);
     for (size_t i = 0; i < tensors.size(); ++i) {
       for (size_t b = 0; b < B; ++b)
         addresses[b] = address(i, b);
       records +=
           append_table_records(*m, tensors[i], addresses, maxRecord, table);
+      recordStart.push_back(records);
     }
   }
 
@@ -764,6 +784,8 @@ CudaOptimizer::~CudaOptimizer() {
     I.d->cuMemFree(I.devTable);
   if (I.devHypers)
     I.d->cuMemFree(I.devHypers);
+  if (I.devSubTable)
+    I.d->cuMemFree(I.devSubTable);
 }
 
 Expected<std::unique_ptr<CudaOptimizer>>
@@ -1043,6 +1065,110 @@ Status CudaOptimizer::step() {
     return Status::error(std::string("step: ") + e.what());
   }
   I.t = t;
+  return Status::success();
+}
+
+Status CudaOptimizer::step_tensors(const std::vector<int64_t> &indices,
+                                   int64_t t) {
+  Impl &I = *impl_;
+  const int64_t n = int64_t(I.tensors.size());
+  for (size_t k = 0; k < indices.size(); ++k) {
+    int64_t i = indices[k];
+    if (i < 0 || i >= n)
+      return Status::error("step_tensors: no tensor " + std::to_string(i) +
+                           " (there are " + std::to_string(n) + ")");
+    if (k > 0 && i <= indices[k - 1])
+      return Status::error("step_tensors: tensor indices must be ascending "
+                           "and distinct");
+    if (!I.tensors[size_t(i)].grad)
+      return Status::error("step: tensor " + std::to_string(i) + " (numel " +
+                           std::to_string(I.tensors[size_t(i)].numel) +
+                           ") has no gradient (add_param/set_grad)");
+  }
+  Status s = I.hypers->check_complete();
+  if (!s)
+    return s;
+  if (indices.empty())
+    return Status::success();
+  try {
+    CudaContext::Scope scope(*I.ctx);
+    if (!scope.ok())
+      return scope.status();
+    if (!(s = I.commit()))
+      return s;
+    if (I.tableDirty) {
+      I.rebuildTable();
+      if (!(s = I.uploadTo(&I.devTable, &I.devTableBytes, I.table.data(),
+                           int64_t(I.table.size() * sizeof(int64_t)),
+                           "tensor table")))
+        return s;
+      I.tableDirty = false;
+      ++I.tableUploads;
+    }
+    const std::vector<float> &hv = I.hypers->values();
+    if (!I.hypersUploaded ||
+        I.uploadedHyperGeneration != I.hypers->generation()) {
+      if (!(s = I.uploadTo(&I.devHypers, &I.devHypersBytes, hv.data(),
+                           int64_t(hv.size() * sizeof(float)), "hyper table")))
+        return s;
+      I.hypersUploaded = true;
+      I.uploadedHyperGeneration = I.hypers->generation();
+      ++I.hyperUploads;
+    }
+    const int64_t R = I.m->record_words;
+    const int64_t a = indices.front(), b = indices.back() + 1;
+    CUdeviceptr table = 0;
+    int64_t nrec = 0, begin = 0, end = 0;
+    if (b - a == int64_t(indices.size())) {
+      table = I.devTable + CUdeviceptr(I.recordStart[size_t(a)] * R * 8);
+      nrec = I.recordStart[size_t(b)] - I.recordStart[size_t(a)];
+      begin = I.tensors[size_t(a)].first_group;
+      const TensorInfo &last = I.tensors[size_t(b - 1)];
+      end = last.first_group + last.num_groups;
+    } else {
+      // Copy the tensors' records, renumbering word 1 from 0.
+      I.subTable.clear();
+      for (int64_t i : indices) {
+        int64_t delta = end - I.tensors[size_t(i)].first_group;
+        for (int64_t r = I.recordStart[size_t(i)];
+             r < I.recordStart[size_t(i) + 1]; ++r) {
+          const int64_t *rec = I.table.data() + r * R;
+          I.subTable.insert(I.subTable.end(), rec, rec + R);
+          I.subTable[I.subTable.size() - size_t(R) + 1] += delta;
+          ++nrec;
+        }
+        end += I.tensors[size_t(i)].num_groups;
+      }
+      if (!(s = I.uploadTo(&I.devSubTable, &I.devSubTableBytes,
+                           I.subTable.data(),
+                           int64_t(I.subTable.size() * sizeof(int64_t)),
+                           "partial tensor table")))
+        return s;
+      table = I.devSubTable;
+    }
+    const GpuKernelChoice &c = I.bundle->choice();
+    int64_t block = c.threads_per_block;
+    int64_t grid =
+        gpu_grid_size(end - begin, I.G, c.elements_per_thread, int(block),
+                      I.ctx->info().sm_count, I.blocksPerSm);
+    if (end + grid * block > std::numeric_limits<int32_t>::max())
+      return Status::error("step: " + std::to_string(end) +
+                           " groups are more than one launch of this kernel "
+                           "can index (2^31 - 1 minus one grid stride)");
+    int64_t args[6] = {int64_t(table), nrec, int64_t(I.devHypers), t, begin,
+                       end};
+    void *params[6] = {&args[0], &args[1], &args[2],
+                       &args[3], &args[4], &args[5]};
+    s = I.d->check(I.d->cuLaunchKernel(I.bundle->function(), unsigned(grid), 1,
+                                       1, unsigned(block), 1, 1, 0, I.stream,
+                                       params, nullptr),
+                   "step: cuLaunchKernel(" + c.symbol + ", grid " +
+                       std::to_string(grid) + ")");
+    if (!s)
+      return s;
+  } catch (const std::exception &e) {
+    return Status::error(std::string("step: ") + e.what());
+  }
   return Status::success();
 }
 

@@ -1381,6 +1381,138 @@ Status Optimizer::step() {
   return Status::success();
 }
 
+Status Optimizer::step_tensors(const std::vector<int64_t> &indices,
+                               int64_t t) {
+  Impl &I = *impl_;
+  const int64_t n = int64_t(I.tensors.size());
+  for (size_t k = 0; k < indices.size(); ++k) {
+    int64_t i = indices[k];
+    if (i < 0 || i >= n)
+      return Status::error("step_tensors: no tensor " + std::to_string(i) +
+                           " (there are " + std::to_string(n) + ")");
+    if (k > 0 && i <= indices[k - 1])
+      return Status::error("step_tensors: tensor indices must be ascending "
+                           "and distinct");
+    if (!I.tensors[size_t(i)].grad)
+      return Status::error("step: tensor " + std::to_string(i) + " (numel " +
+                           std::to_string(I.tensors[size_t(i)].numel) +
+                           ") has no gradient (add_param/set_grad)");
+  }
+  Status complete = I.hypers->check_complete();
+  if (!complete)
+    return complete;
+  if (indices.empty())
+    return Status::success();
+  try {
+    const int64_t R = I.m->record_words;
+    const int64_t a = indices.front(), b = indices.back() + 1;
+    const bool contiguous = b - a == int64_t(indices.size());
+    // The records the kernel walks, and their first groups relative to the
+    // first record's (split_groups wants them from 0).
+    std::vector<int64_t> compact;
+    const int64_t *table = nullptr;
+    int64_t base = 0, total = 0;
+    std::vector<int64_t> firsts;
+    firsts.reserve(indices.size());
+    if (contiguous) {
+      table = I.table.data() + a * R;
+      base = I.tensors[size_t(a)].first_group;
+      for (int64_t i = a; i < b; ++i)
+        firsts.push_back(I.tensors[size_t(i)].first_group - base);
+      const TensorInfo &last = I.tensors[size_t(b - 1)];
+      total = last.first_group + last.num_groups - base;
+    } else {
+      compact.reserve(indices.size() * size_t(R));
+      for (int64_t i : indices) {
+        const int64_t *rec = I.table.data() + i * R;
+        compact.insert(compact.end(), rec, rec + R);
+        compact[compact.size() - size_t(R) + 1] = total; // renumber word 1
+        firsts.push_back(total);
+        total += I.tensors[size_t(i)].num_groups;
+      }
+      table = compact.data();
+    }
+    std::vector<Chunk> chunks =
+        split_groups(total, firsts, I.threads, I.minGroups,
+                     std::max<int64_t>(1, 64 / I.G));
+    KernelFn fn = I.bundle->fn();
+    const int64_t nrec = int64_t(indices.size());
+    const float *hypers = I.hypers->values().data();
+    if (chunks.size() == 1 || !I.pool) {
+      for (const Chunk &c : chunks)
+        fn(table, nrec, hypers, t, base + c.begin, base + c.end);
+    } else {
+      I.pool->run(int64_t(chunks.size()), [&](int64_t k) {
+        const Chunk &c = chunks[size_t(k)];
+        fn(table, nrec, hypers, t, base + c.begin, base + c.end);
+      });
+    }
+  } catch (const std::exception &e) {
+    return Status::error(std::string("step: ") + e.what());
+  }
+  return Status::success();
+}
+
+namespace {
+/// Whether n values of a BF16/F16/F32 buffer are all finite.
+bool allFinite(const void *data, DType dtype, int64_t begin, int64_t end) {
+  switch (dtype) {
+  case DType::F32: {
+    const uint32_t *p = static_cast<const uint32_t *>(data);
+    uint32_t bad = 0;
+    for (int64_t i = begin; i < end; ++i)
+      bad |= uint32_t((p[i] & 0x7F800000u) == 0x7F800000u);
+    return bad == 0;
+  }
+  case DType::BF16:
+  case DType::F16: {
+    const uint16_t mask = dtype == DType::BF16 ? 0x7F80u : 0x7C00u;
+    const uint16_t *p = static_cast<const uint16_t *>(data);
+    uint32_t bad = 0;
+    for (int64_t i = begin; i < end; ++i)
+      bad |= uint32_t((p[i] & mask) == mask);
+    return bad == 0;
+  }
+  default:
+    return true; // integer gradients do not exist; nothing to scan
+  }
+}
+} // namespace
+
+bool Optimizer::grads_finite(const std::vector<int64_t> &indices) const {
+  const Impl &I = *impl_;
+  // Pieces of at most 1 << 16 elements, scanned on the pool.
+  struct Piece {
+    const void *data;
+    int64_t begin, end;
+  };
+  std::vector<Piece> pieces;
+  const int64_t kPiece = int64_t(1) << 16;
+  for (int64_t i : indices) {
+    if (i < 0 || i >= int64_t(I.tensors.size()))
+      continue;
+    const TensorInfo &ti = I.tensors[size_t(i)];
+    if (!ti.grad)
+      continue;
+    for (int64_t off = 0; off < ti.numel; off += kPiece)
+      pieces.push_back({ti.grad, off, std::min(ti.numel, off + kPiece)});
+  }
+  std::atomic<bool> finite{true};
+  auto scan = [&](int64_t k) {
+    if (!finite.load(std::memory_order_relaxed))
+      return;
+    const Piece &p = pieces[size_t(k)];
+    if (!allFinite(p.data, I.m->grad, p.begin, p.end))
+      finite.store(false, std::memory_order_relaxed);
+  };
+  if (I.pool && pieces.size() > 1)
+    I.pool->run(int64_t(pieces.size()), scan);
+  else
+    for (size_t k = 0; k < pieces.size(); ++k)
+      scan(int64_t(k));
+  return finite.load();
+}
+
 int64_t Optimizer::step_count() const { return impl_->t; }
 void Optimizer::set_step_count(int64_t t) { impl_->t = t; }
 int Optimizer::threads() const { return impl_->threads; }

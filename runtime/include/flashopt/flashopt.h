@@ -42,9 +42,11 @@
  *    valid while registered.
  *  - A single optimizer must not be used from two threads at once; distinct
  *    optimizers may.
- *  - DLPack: functions taking a `const struct DLTensor *` accept the DLPack
- *    struct from <dlpack/dlpack.h> (any version with the v0.6+ layout); this
- *    header does not include it.
+ *  - DLPack: the *_dlpack functions take a `const DLTensor *` from
+ *    <dlpack/dlpack.h> (any version with the v0.6+ layout), passed as
+ *    `const void *`: this header does not include dlpack.h, and DLPack
+ *    declares DLTensor as a typedef of an unnamed struct, which cannot be
+ *    forward-declared.
  *
  *===----------------------------------------------------------------------===*/
 
@@ -59,15 +61,17 @@ extern "C" {
 #endif
 
 #if defined(_WIN32)
+#if defined(FLASHOPT_BUILDING_LIBRARY)
+#define FLASHOPT_API __declspec(dllexport)
+#else
 #define FLASHOPT_API __declspec(dllimport)
+#endif
 #else
 #define FLASHOPT_API __attribute__((visibility("default")))
 #endif
 
 /** Bumped on every incompatible change of this header. */
 #define FLASHOPT_ABI_VERSION 1
-
-struct DLTensor; /* from <dlpack/dlpack.h> */
 
 /*===----------------------------------------------------------------------===*
  * Status and errors
@@ -273,7 +277,8 @@ FLASHOPT_API flashopt_status flashopt_add_param(flashopt_optimizer opt,
  *  device; `grad` may be NULL). The shape is kept for checkpoints. */
 FLASHOPT_API flashopt_status flashopt_add_param_dlpack(
     flashopt_optimizer opt, int32_t group, const char *name,
-    const struct DLTensor *param, const struct DLTensor *grad,
+    const void *param /* const DLTensor * */,
+    const void *grad /* const DLTensor *, or NULL */,
     int64_t *out_index);
 /** Re-points the gradient of parameter `index` (`numel` must match). */
 FLASHOPT_API flashopt_status flashopt_set_grad(flashopt_optimizer opt,
@@ -282,13 +287,28 @@ FLASHOPT_API flashopt_status flashopt_set_grad(flashopt_optimizer opt,
                                                int64_t numel);
 FLASHOPT_API flashopt_status flashopt_set_grad_dlpack(flashopt_optimizer opt,
                                                       int64_t index,
-                                                      const struct DLTensor *grad);
+                                                      const void *grad /* const DLTensor * */);
 FLASHOPT_API flashopt_status flashopt_num_params(flashopt_optimizer opt,
                                                  int64_t *out);
 /** The index of the parameter named `name`. */
 FLASHOPT_API flashopt_status flashopt_find_param(flashopt_optimizer opt,
                                                  const char *name,
                                                  int64_t *out_index);
+
+/** What a registered parameter is. */
+typedef struct flashopt_param_info {
+  const char *name;     /* valid while the optimizer lives */
+  int64_t numel;
+  int32_t group;        /* its param group */
+  int32_t ndim;         /* 1 for flashopt_add_param: shape = {numel} */
+  const int64_t *shape; /* ndim entries, valid while the optimizer lives */
+  int64_t step;         /* its step counter (flashopt_get_step) */
+} flashopt_param_info;
+
+/** Fills `out` for parameter `index`. */
+FLASHOPT_API flashopt_status flashopt_get_param_info(flashopt_optimizer opt,
+                                                     int64_t index,
+                                                     flashopt_param_info *out);
 
 /*===----------------------------------------------------------------------===*
  * Stepping
@@ -320,6 +340,8 @@ FLASHOPT_API flashopt_status flashopt_step_param(flashopt_optimizer opt,
  *  flashopt_step calls that stepped (skipped ones excluded). */
 FLASHOPT_API flashopt_status flashopt_get_step(flashopt_optimizer opt,
                                                int64_t index, int64_t *out);
+/** Sets the NaN/Inf policy (default PROPAGATE). FLASHOPT_NONFINITE_SKIP is
+ *  CPU-only for now: on a CUDA context it is FLASHOPT_ERROR_UNSUPPORTED. */
 FLASHOPT_API flashopt_status
 flashopt_set_nonfinite_policy(flashopt_optimizer opt,
                               flashopt_nonfinite_policy policy);

@@ -158,8 +158,10 @@ public:
   FLASHOPT_CUDA_DRIVER_FUNCTIONS(FLASHOPT_CUDA_PFN)
 #undef FLASHOPT_CUDA_PFN
 
-  /// The process-wide driver: loaded (libcuda.so.1) and initialized on the
-  /// first call, thread-safe; later calls return the same result. The error
+  /// The process-wide driver: loaded (libcuda.so.1, or the library named by
+  /// the FLASHOPT_CUDA_DRIVER environment variable: tests use a stand-in)
+  /// and initialized on the first call for that library, thread-safe; later
+  /// calls return the same result. The error
   /// is "CUDA was requested but the NVIDIA driver library libcuda.so.1 could
   /// not be loaded: <dlerror>" or names the entry point or cuInit failure.
   static Expected<const CudaDriver *> get();
@@ -467,6 +469,11 @@ public:
   /// No host synchronization. Fails (t unchanged) as Optimizer::step does,
   /// or on a driver error.
   Status step();
+  /// As Optimizer::step_tensors: one launch with step number `t` over the
+  /// tensors `indices` (ascending, distinct) only; step_count() unchanged.
+  /// A contiguous run uses a slice of the uploaded table; another subset
+  /// uploads a compacted copy of its records (to a second device table).
+  Status step_tensors(const std::vector<int64_t> &indices, int64_t t);
   int64_t step_count() const;
   void set_step_count(int64_t t);
   /// Waits for the optimizer's stream.

@@ -445,6 +445,18 @@ public:
   /// chunks on the thread pool. Fails (t unchanged) if a grad is missing or
   /// a hyper without default was never set.
   Status step();
+  /// Runs the kernel with step number `t` over the tensors `indices` only
+  /// (ascending, distinct), multithreaded over group-aligned chunks of their
+  /// groups; step_count() is unchanged (the caller keeps per-tensor
+  /// counters: gradient release). A contiguous run [a, b) is one slice of
+  /// the table (records a..b-1, global groups [first_group(a), end of b-1));
+  /// any other subset runs on a compacted copy of its records. Stepping
+  /// every tensor this way equals step() bit for bit. Fails (nothing run)
+  /// on a bad index, a missing gradient or an incomplete hyper table.
+  Status step_tensors(const std::vector<int64_t> &indices, int64_t t);
+  /// Whether every gradient element of tensors `indices` is finite (no NaN
+  /// or +-Inf), scanned on the thread pool. A missing gradient is finite.
+  bool grads_finite(const std::vector<int64_t> &indices) const;
   /// The number of the last step taken (0 before the first).
   int64_t step_count() const;
   /// Sets the step counter (checkpoint restore): the next step runs t + 1.
