@@ -5,26 +5,33 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// A CPU demo trainer: a 2-layer MLP (64 -> 128 -> 10, tanh, softmax
-/// cross-entropy) learns synthetic labels from a random teacher network. Two
-/// copies start from the same initialization:
+/// A CPU demo trainer over libflashopt's public API only (<flashopt/flashopt.hpp>,
+/// the C++ wrapper of the C ABI <flashopt/flashopt.h>): a 2-layer MLP
+/// (64 -> 128 -> 10, tanh, softmax cross-entropy) learns synthetic labels
+/// from a random teacher network. Two copies start from the same
+/// initialization:
 ///
 ///  (a) flashopt: params stored in the bundle's param dtype (bf16, f16 or
 ///      f32), forward/backward in f32 from the widened params, gradients
 ///      narrowed to the bundle's grad dtype, the step run by the bundle's CPU
-///      kernel through the host harness (runtime/);
+///      kernel through libflashopt (flashopt::Optimizer on a CPU context);
 ///  (b) a textbook fp32 AdamW written below.
 ///
-/// Both see the same mini-batches. The program prints both loss curves, the
-/// final test accuracies and the optimizer memory per parameter.
+/// Both see the same mini-batches and the same learning rate (constant, or
+/// a cosine schedule applied to flashopt through set_hyper at every step).
+/// The program prints both loss curves, the final test accuracies and the
+/// optimizer memory per parameter (flashopt's from its memory report). With
+/// --checkpoint it saves a checkpoint half-way, and at the end reloads it,
+/// replays the second half and checks the parameters come out bit for bit
+/// the same.
 ///
 ///   flashopt-train-mlp --bundle build/kernels/adamw_bf16_m24 [--steps 300]
-///       [--lr 0.01] [--threads N] [--seed 1] [--batch 128] [--cpu x86-64]
+///       [--lr 0.01] [--schedule constant|cosine] [--checkpoint FILE]
+///       [--threads N] [--seed 1] [--batch 128] [--print-every 25]
 ///
 //===----------------------------------------------------------------------===//
 
-#include "flashopt/host/Float16.h"
-#include "flashopt/host/Harness.h"
+#include <flashopt/flashopt.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -33,21 +40,23 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
-
-using namespace flashopt::host;
 
 namespace {
 
 constexpr int kIn = 64, kHidden = 128, kClasses = 10, kTeacherHidden = 32;
 constexpr int kTrain = 16384, kTest = 2048;
+constexpr double kPi = 3.14159265358979323846;
 
 struct Options {
   std::string bundle;
-  std::string cpu;
+  std::string checkpoint;
+  bool cosine = false;
   int steps = 300;
   float lr = 0.01f;
   int threads = 0;
@@ -59,18 +68,21 @@ struct Options {
 void usage(FILE *out) {
   std::fprintf(out,
                "usage: flashopt-train-mlp --bundle DIR [--steps N] [--lr X] "
-               "[--threads N]\n"
-               "                          [--seed N] [--batch N] "
-               "[--print-every N] [--cpu NAME]\n"
-               "  --bundle DIR   a flashopt bundle (DIR/manifest.json), e.g. "
+               "[--schedule constant|cosine]\n"
+               "                          [--checkpoint FILE] [--threads N] "
+               "[--seed N] [--batch N] [--print-every N]\n"
+               "  --bundle DIR      a flashopt bundle (DIR/manifest.json), e.g. "
                "build/kernels/adamw_bf16_m24\n"
-               "  --steps N      optimizer steps (default 300)\n"
-               "  --lr X         learning rate of both optimizers (default 0.01)\n"
-               "  --threads N    harness threads (default: all cores)\n"
-               "  --seed N       data, teacher and init seed (default 1)\n"
-               "  --batch N      mini-batch size (default 128)\n"
-               "  --print-every N  loss print interval (default 25)\n"
-               "  --cpu NAME     force a CPU kernel flavour (e.g. x86-64)\n");
+               "  --steps N         optimizer steps (default 300)\n"
+               "  --lr X            learning rate of both optimizers (default 0.01)\n"
+               "  --schedule S      constant (default) or cosine: decay to 0.1*lr "
+               "(flashopt: set_hyper each step)\n"
+               "  --checkpoint FILE save a checkpoint half-way, then check that "
+               "resuming from it is exact\n"
+               "  --threads N       step threads (default: all cores)\n"
+               "  --seed N          data, teacher and init seed (default 1)\n"
+               "  --batch N         mini-batch size (default 128)\n"
+               "  --print-every N   loss print interval (default 25)\n");
 }
 
 bool parseArgs(int argc, char **argv, Options &o) {
@@ -111,10 +123,25 @@ bool parseArgs(int argc, char **argv, Options &o) {
       if (!value())
         return false;
       o.bundle = v;
-    } else if (a == "--cpu") {
+    } else if (a == "--checkpoint") {
       if (!value())
         return false;
-      o.cpu = v;
+      o.checkpoint = v;
+    } else if (a == "--schedule") {
+      if (!value())
+        return false;
+      if (v != "constant" && v != "cosine") {
+        std::fprintf(stderr, "flashopt-train-mlp: --schedule: expected constant "
+                             "or cosine, found '%s'\n", v.c_str());
+        return false;
+      }
+      o.cosine = v == "cosine";
+    } else if (a == "--cpu") {
+      std::fprintf(stderr,
+                   "flashopt-train-mlp: --cpu is gone: the public API picks the "
+                   "best CPU kernel of the bundle; to force a flavour, build a "
+                   "bundle with only it (flashopt-gen SPEC --cpu=x86-64 -o DIR)\n");
+      return false;
     } else if (a == "--steps" || a == "--lr" || a == "--threads" ||
                a == "--seed" || a == "--batch" || a == "--print-every") {
       if (!value() || !number(d))
@@ -300,43 +327,97 @@ float lossAndGrad(const std::vector<float> &w, const Data &d,
 // Storage in the bundle's dtypes.
 //===----------------------------------------------------------------------===//
 
+uint32_t bitsOf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float fromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// f32 -> bf16, round to nearest even (NaN stays NaN).
+uint16_t toBf16(float f) {
+  uint32_t u = bitsOf(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+float fromBf16(uint16_t b) { return fromBits(uint32_t(b) << 16); }
+
+/// f32 -> IEEE binary16, round to nearest even (overflow to Inf, subnormals
+/// kept).
+uint16_t toF16(float f) {
+  uint32_t x = bitsOf(f);
+  uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) // Inf, NaN
+    return uint16_t(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (x >= 0x477ff000u) // >= 65520: rounds to Inf
+    return uint16_t(sign | 0x7c00u);
+  if (x >= 0x38800000u) { // normal in f16
+    uint32_t r = x - 0x38000000u; // rebias the exponent (127 -> 15)
+    r += 0xfffu + ((r >> 13) & 1u);
+    return uint16_t(sign | (r >> 13));
+  }
+  if (x < 0x33000000u) // below half the smallest subnormal
+    return sign;
+  uint32_t e = x >> 23, m = (x & 0x7fffffu) | 0x800000u;
+  uint32_t shift = 126 - e; // 14 .. 24
+  uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (h & 1u)))
+    ++h;
+  return uint16_t(sign | h);
+}
+float fromF16(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu,
+           m = h & 0x3ffu;
+  if (e == 0x1f)
+    return fromBits(sign | 0x7f800000u | (m << 13));
+  if (e == 0) // zero or subnormal: m * 2^-24
+    return fromBits(sign) + (sign ? -1.0f : 1.0f) * float(m) * 5.9604644775390625e-8f;
+  return fromBits(sign | ((e + 112u) << 23) | (m << 13));
+}
+
 struct AlignedFree {
   void operator()(void *p) const { std::free(p); }
 };
 using Storage = std::unique_ptr<void, AlignedFree>;
 
 Storage allocate(int64_t bytes) {
-  void *p = nullptr;
   size_t n = size_t((bytes + 63) / 64 * 64);
-  if (posix_memalign(&p, 64, n) != 0)
-    return Storage();
-  std::memset(p, 0, n);
+  void *p = std::aligned_alloc(64, n);
+  if (p)
+    std::memset(p, 0, n);
   return Storage(p);
 }
 
-float loadAs(DType t, const void *p, int64_t i) {
+float loadAs(flashopt_dtype t, const void *p, int64_t i) {
   switch (t) {
-  case DType::F32:
+  case FLASHOPT_F32:
     return static_cast<const float *>(p)[i];
-  case DType::BF16:
-    return bf16_to_f32(static_cast<const uint16_t *>(p)[i]);
-  case DType::F16:
-    return f16_to_f32(static_cast<const uint16_t *>(p)[i]);
+  case FLASHOPT_BF16:
+    return fromBf16(static_cast<const uint16_t *>(p)[i]);
+  case FLASHOPT_F16:
+    return fromF16(static_cast<const uint16_t *>(p)[i]);
   default:
     return NAN;
   }
 }
 
-void store(DType t, void *p, int64_t i, float v) {
+void store(flashopt_dtype t, void *p, int64_t i, float v) {
   switch (t) {
-  case DType::F32:
+  case FLASHOPT_F32:
     static_cast<float *>(p)[i] = v;
     break;
-  case DType::BF16:
-    static_cast<uint16_t *>(p)[i] = f32_to_bf16(v);
+  case FLASHOPT_BF16:
+    static_cast<uint16_t *>(p)[i] = toBf16(v);
     break;
-  case DType::F16:
-    static_cast<uint16_t *>(p)[i] = f32_to_f16(v);
+  case FLASHOPT_F16:
+    static_cast<uint16_t *>(p)[i] = toF16(v);
     break;
   default:
     break;
@@ -362,95 +443,94 @@ struct AdamW {
   }
 };
 
-float hyperDefault(const Manifest &m, const char *name, float fallback) {
-  int h = m.hyper_index(name);
-  if (h < 0 || !m.hypers[size_t(h)].default_value)
-    return fallback;
-  return *m.hypers[size_t(h)].default_value;
+/// Whether the optimizer's rule has hyper-parameter `name`.
+bool hasHyper(const flashopt::Optimizer &opt, const std::string &name) {
+  std::vector<std::string> names = opt.hyper_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-} // namespace
+/// A hyper-parameter's value in param group 0 (the bundle's default until
+/// set), or `fallback` when the rule has none.
+float hyperOr(const flashopt::Optimizer &opt, const std::string &name,
+              float fallback) {
+  return hasHyper(opt, name) ? float(opt.get_hyper(0, name)) : fallback;
+}
 
-int main(int argc, char **argv) {
-  Options o;
-  if (!parseArgs(argc, argv, o)) {
-    usage(stderr);
-    return 2;
-  }
-  if (o.bundle.empty()) {
-    std::fprintf(stderr, "flashopt-train-mlp: error: no bundle given (--bundle "
-                         "DIR, e.g. build/kernels/adamw_bf16_m24)\n");
-    usage(stderr);
-    return 2;
-  }
+/// The learning rate of step `step` (1-based): constant, or a cosine decay
+/// from lr to 0.1 lr over the run.
+float lrAt(const Options &o, int step) {
+  if (!o.cosine || o.steps < 2)
+    return o.lr;
+  double progress = double(step - 1) / double(o.steps - 1);
+  return float(double(o.lr) * (0.1 + 0.45 * (1.0 + std::cos(kPi * progress))));
+}
+
+int run(const Options &o) {
   auto t0 = std::chrono::steady_clock::now();
 
-  LoadOptions load;
-  load.cpu = o.cpu;
-  OptimizerOptions oo;
-  oo.threads = o.threads;
-  auto created = Optimizer::create(o.bundle, load, oo);
-  if (!created) {
+  flashopt::Context ctx = flashopt::Context::cpu(o.threads);
+  flashopt::Optimizer opt;
+  try {
+    opt = flashopt::Optimizer(ctx, o.bundle);
+  } catch (const flashopt::Error &e) {
     std::fprintf(stderr,
                  "flashopt-train-mlp: error: cannot use flashopt bundle '%s':\n"
                  "  %s\n",
-                 o.bundle.c_str(), created.error().c_str());
+                 o.bundle.c_str(), e.what());
     return 1;
   }
-  Optimizer &opt = **created;
-  const Manifest &man = opt.manifest();
-  const DType P = man.param, Gd = man.grad;
+  const flashopt_optimizer_info info = opt.info();
+  const flashopt_dtype P = info.param_dtype, Gd = info.grad_dtype;
+  const std::string rule = info.rule;
+  if (P != FLASHOPT_F32 && P != FLASHOPT_BF16 && P != FLASHOPT_F16) {
+    std::fprintf(stderr, "flashopt-train-mlp: error: unsupported param dtype %s\n",
+                 flashopt_dtype_name(P));
+    return 1;
+  }
 
   // Hyper-parameters: --lr for both; the rest from the bundle's defaults
   // (falling back to AdamW's textbook defaults) so the two runs agree.
   AdamW ref;
   ref.lr = o.lr;
-  ref.beta1 = hyperDefault(man, "beta1", 0.9f);
-  ref.beta2 = hyperDefault(man, "beta2", 0.999f);
-  ref.eps = hyperDefault(man, "eps", 1e-8f);
-  float wd = hyperDefault(man, "weight_decay", 0.01f);
-  bool hasLr = man.hyper_index("lr") >= 0;
-  bool hasWd = man.hyper_index("weight_decay") >= 0;
-  if (hasLr) {
-    Status s = opt.set_hyper(0, "lr", o.lr);
-    if (!s) {
-      std::fprintf(stderr, "flashopt-train-mlp: error: %s\n", s.message().c_str());
-      return 1;
-    }
-  }
-  if (man.hyper_index("initial_lr") >= 0) // keep decouple_lr's ratio at 1
-    (void)opt.set_hyper(0, "initial_lr", o.lr);
-  // Param group 1: biases, without weight decay.
-  int biasGroup = opt.add_param_group();
+  ref.beta1 = hyperOr(opt, "beta1", 0.9f);
+  ref.beta2 = hyperOr(opt, "beta2", 0.999f);
+  ref.eps = hyperOr(opt, "eps", 1e-8f);
+  const float wd = hyperOr(opt, "weight_decay", 0.01f);
+  const bool hasLr = hasHyper(opt, "lr");
+  const bool hasInitialLr = hasHyper(opt, "initial_lr");
   if (hasLr)
-    (void)opt.set_hyper(biasGroup, "lr", o.lr);
-  if (man.hyper_index("initial_lr") >= 0)
-    (void)opt.set_hyper(biasGroup, "initial_lr", o.lr);
-  if (hasWd)
-    (void)opt.set_hyper(biasGroup, "weight_decay", 0.0f);
+    opt.set_hyper(0, "lr", o.lr);
+  if (hasInitialLr) // keep decouple_lr's ratio at 1
+    opt.set_hyper(0, "initial_lr", o.lr);
+  // Param group 1: biases, without weight decay.
+  const int32_t biasGroup = opt.add_param_group();
+  if (hasLr)
+    opt.set_hyper(biasGroup, "lr", o.lr);
+  if (hasInitialLr)
+    opt.set_hyper(biasGroup, "initial_lr", o.lr);
+  if (hasHyper(opt, "weight_decay"))
+    opt.set_hyper(biasGroup, "weight_decay", 0.0);
 
   Data train, test;
   makeData(o.seed, train, test);
   std::vector<float> init = initParams(o.seed);
 
   // (a) flashopt: params and grads in the bundle's dtypes.
+  static const char *const names[4] = {"fc1.weight", "fc1.bias", "fc2.weight",
+                                       "fc2.bias"};
   std::vector<Storage> params, grads;
   for (int k = 0; k < 4; ++k) {
     int64_t n = Layout::sizes[k];
-    params.push_back(allocate(n * dtype_size(P)));
-    grads.push_back(allocate(n * dtype_size(Gd)));
+    params.push_back(allocate(n * int64_t(flashopt_dtype_size(P))));
+    grads.push_back(allocate(n * int64_t(flashopt_dtype_size(Gd))));
     if (!params.back() || !grads.back()) {
       std::fprintf(stderr, "flashopt-train-mlp: error: out of memory\n");
       return 1;
     }
     for (int64_t i = 0; i < n; ++i)
       store(P, params.back().get(), i, init[size_t(Layout::offsets[k] + i)]);
-    auto idx = opt.add_param(Layout::isBias[k] ? biasGroup : 0,
-                             params.back().get(), n, grads.back().get());
-    if (!idx) {
-      std::fprintf(stderr, "flashopt-train-mlp: error: %s\n", idx.error().c_str());
-      return 1;
-    }
+    opt.add_param(names[k], params.back().get(), P, n, grads.back().get(), Gd,
+                  Layout::isBias[k] ? biasGroup : 0);
   }
   auto widen = [&](std::vector<float> &w) {
     w.resize(size_t(Layout::total));
@@ -469,21 +549,24 @@ int main(int argc, char **argv) {
       std::fill(ref.decay.begin() + Layout::offsets[k],
                 ref.decay.begin() + Layout::offsets[k] + Layout::sizes[k], 0.0f);
 
+  const int threads =
+      o.threads ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   std::printf("flashopt-train-mlp: bundle %s (rule %s, param %s%s%s, grad %s), "
-              "cpu kernel %s, %d thread%s\n",
-              man.name.c_str(), man.rule.c_str(), dtype_name(P),
-              man.correction ? "+" : "",
-              man.correction ? dtype_name(*man.correction) : "", dtype_name(Gd),
-              opt.bundle().kernel().cpu.c_str(), opt.threads(),
-              opt.threads() == 1 ? "" : "s");
+              "libflashopt %s, %d thread%s\n",
+              info.name, info.rule, flashopt_dtype_name(P),
+              info.has_correction ? "+" : "",
+              info.has_correction ? flashopt_dtype_name(info.correction_dtype) : "",
+              flashopt_dtype_name(Gd), flashopt::version(), threads,
+              threads == 1 ? "" : "s");
   std::printf("model %d-%d-%d tanh, %lld params in 4 tensors; %d train / %d "
-              "test samples from a random teacher (seed %u); batch %d, lr %g\n",
+              "test samples from a random teacher (seed %u); batch %d, lr %g%s\n",
               kIn, kHidden, kClasses, (long long)Layout::total, kTrain, kTest,
-              o.seed, o.batch, double(o.lr));
-  if (man.rule != "adamw")
+              o.seed, o.batch, double(o.lr),
+              o.cosine ? " (cosine to 0.1x)" : "");
+  if (rule != "adamw")
     std::printf("note: the bundle's rule is %s, the reference is AdamW: the "
                 "curves are not expected to match\n",
-                man.rule.c_str());
+                rule.c_str());
   std::printf("\n%6s  %16s  %16s\n", "step", "flashopt loss", "fp32 AdamW loss");
 
   std::mt19937 batchRng(o.seed * 7919u + 5u);
@@ -491,26 +574,35 @@ int main(int argc, char **argv) {
   std::vector<int> batch(size_t(o.batch));
   std::vector<float> wFlash, gFlash, gRef;
   float lossF = 0, lossR = 0;
-  for (int step = 1; step <= o.steps; ++step) {
+  // One flashopt step on the next mini-batch of `rng`; returns the loss.
+  auto flashStep = [&](int step, std::mt19937 &rng) {
     for (int &b : batch)
-      b = pick(batchRng);
-    // flashopt: widen, f32 forward/backward, narrow the grads, step.
+      b = pick(rng);
     widen(wFlash);
-    lossF = lossAndGrad(wFlash, train, batch, &gFlash);
+    float loss = lossAndGrad(wFlash, train, batch, &gFlash);
     for (int k = 0; k < 4; ++k)
       for (int64_t i = 0; i < Layout::sizes[k]; ++i)
         store(Gd, grads[size_t(k)].get(), i, gFlash[size_t(Layout::offsets[k] + i)]);
-    Status s = opt.step();
-    if (!s) {
-      std::fprintf(stderr, "flashopt-train-mlp: error: step %d: %s\n", step,
-                   s.message().c_str());
-      return 1;
-    }
-    // Reference.
+    if (o.cosine && hasLr)
+      opt.set_hyper("lr", lrAt(o, step)); // every param group
+    opt.step();
+    return loss;
+  };
+
+  const int half = o.steps / 2;
+  std::mt19937 rngAtCheckpoint;
+  for (int step = 1; step <= o.steps; ++step) {
+    lossF = flashStep(step, batchRng);
+    // Reference, on the same batch.
     lossR = lossAndGrad(wRef, train, batch, &gRef);
+    ref.lr = lrAt(o, step);
     ref.step(wRef, gRef);
     if (step == 1 || step % o.printEvery == 0 || step == o.steps)
       std::printf("%6d  %16.4f  %16.4f\n", step, double(lossF), double(lossR));
+    if (!o.checkpoint.empty() && step == half) {
+      opt.save_checkpoint(o.checkpoint, FLASHOPT_CHECKPOINT_COMPRESSED);
+      rngAtCheckpoint = batchRng;
+    }
   }
 
   std::vector<int> all(kTest), allTrain(kTrain);
@@ -526,8 +618,8 @@ int main(int argc, char **argv) {
   float trainR = lossAndGrad(wRef, train, allTrain, nullptr);
   bool finite = std::isfinite(testF) && std::isfinite(trainF);
 
-  BytesReport r = opt.bytes();
-  const BytesPerParam &pp = r.per_param;
+  const flashopt_memory_report r = opt.memory_report();
+  const double n = double(r.numel);
   std::printf("\n%-28s  %16s  %16s\n", "", "flashopt", "fp32 AdamW");
   std::printf("%-28s  %16.4f  %16.4f\n", "final train loss (all)", double(trainF),
               double(trainR));
@@ -535,17 +627,43 @@ int main(int argc, char **argv) {
               double(testR));
   std::printf("%-28s  %15.2f%%  %15.2f%%\n", "final test accuracy",
               100.0 * hitF / kTest, 100.0 * hitR / kTest);
-  std::printf("%-28s  %16.4f  %16.4f\n", "optimizer bytes / param", pp.total,
-              16.0);
+  std::printf("%-28s  %16.4f  %16.4f\n", "optimizer bytes / param",
+              r.bytes_per_param, 16.0);
   std::printf("%-28s  %16.4f  %16.4f\n", "  ... with gradient release",
-              pp.total_with_grad_release, 12.0);
+              r.bytes_per_param_with_grad_release, 12.0);
   std::printf("flashopt bytes/param: param %.4g + correction %.4g + grad %.4g + "
-              "states %.4g (exact, %lld params; the manifest's large-tensor "
-              "figure is %.4g)\n",
-              pp.param, pp.correction, pp.grad, pp.states, (long long)r.numel,
-              man.bytes_per_param.total);
+              "states %.4g (exact, from the memory report, %lld params)\n",
+              double(r.param_bytes) / n, double(r.correction_bytes) / n,
+              double(r.grad_bytes) / n, double(r.state_bytes) / n,
+              (long long)r.numel);
   std::printf("fp32 AdamW bytes/param: param 4 + grad 4 + exp_avg 4 + "
               "exp_avg_sq 4\n");
+
+  bool resumeOk = true;
+  if (!o.checkpoint.empty() && half >= 1) {
+    // Reload the half-way checkpoint, replay the second half on the same
+    // batches: the parameters must come out bit for bit the same.
+    std::vector<std::vector<uint8_t>> finalBytes;
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t *p = static_cast<const uint8_t *>(params[size_t(k)].get());
+      finalBytes.emplace_back(p, p + Layout::sizes[k] * int64_t(flashopt_dtype_size(P)));
+    }
+    opt.load_checkpoint(o.checkpoint);
+    std::mt19937 rng = rngAtCheckpoint;
+    for (int step = half + 1; step <= o.steps; ++step)
+      flashStep(step, rng);
+    for (int k = 0; k < 4; ++k)
+      resumeOk = resumeOk && std::memcmp(finalBytes[size_t(k)].data(),
+                                         params[size_t(k)].get(),
+                                         finalBytes[size_t(k)].size()) == 0;
+    std::ifstream f(o.checkpoint, std::ios::binary | std::ios::ate);
+    long long bytes = f ? (long long)f.tellg() : -1;
+    std::printf("checkpoint at step %d: %s, %lld bytes (%.3f B/param with "
+                "header); reloaded and resumed to step %d: %s\n",
+                half, o.checkpoint.c_str(), bytes, double(bytes) / n, o.steps,
+                resumeOk ? "bit-identical parameters" : "MISMATCH");
+  }
+
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
                     .count();
   std::printf("%d steps in %.2f s\n", o.steps, secs);
@@ -554,5 +672,32 @@ int main(int argc, char **argv) {
                          "(non-finite loss)\n");
     return 1;
   }
+  if (!resumeOk) {
+    std::fprintf(stderr, "flashopt-train-mlp: error: resuming from the "
+                         "checkpoint did not reproduce the run\n");
+    return 1;
+  }
   return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Options o;
+  if (!parseArgs(argc, argv, o)) {
+    usage(stderr);
+    return 2;
+  }
+  if (o.bundle.empty()) {
+    std::fprintf(stderr, "flashopt-train-mlp: error: no bundle given (--bundle "
+                         "DIR, e.g. build/kernels/adamw_bf16_m24)\n");
+    usage(stderr);
+    return 2;
+  }
+  try {
+    return run(o);
+  } catch (const flashopt::Error &e) {
+    std::fprintf(stderr, "flashopt-train-mlp: error: %s\n", e.what());
+    return 1;
+  }
 }
