@@ -93,7 +93,7 @@ flashopt::target::runPtxas(const std::string &ptxas, const std::string &ptx,
       llvm::sys::fs::createTemporaryFile("flashopt", "cubin", out) ||
       llvm::sys::fs::createTemporaryFile("flashopt-ptxas", "log", log))
     return makeError("cannot create temporary files for ptxas");
-  auto cleanup = llvm::make_scope_exit([&] {
+  llvm::scope_exit cleanup([&] {
     llvm::sys::fs::remove(in);
     llvm::sys::fs::remove(out);
     llvm::sys::fs::remove(log);

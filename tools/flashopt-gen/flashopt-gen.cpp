@@ -320,7 +320,7 @@ int buildBundle(Job &job, const std::vector<target::HostCPU> &cpus,
   llvm::sys::fs::remove_directories(tmpDir);
   if (std::error_code ec = llvm::sys::fs::create_directories(tmpDir))
     return fail("cannot create " + tmpDir + ": " + ec.message());
-  auto cleanup = llvm::make_scope_exit(
+  llvm::scope_exit cleanup(
       [&] { llvm::sys::fs::remove_directories(tmpDir); });
 
   bool wantCPU = llvm::is_contained(targets, "cpu");
