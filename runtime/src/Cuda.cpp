@@ -1071,20 +1071,8 @@ Status CudaOptimizer::step() {
 Status CudaOptimizer::step_tensors(const std::vector<int64_t> &indices,
                                    int64_t t) {
   Impl &I = *impl_;
-  const int64_t n = int64_t(I.tensors.size());
-  for (size_t k = 0; k < indices.size(); ++k) {
-    int64_t i = indices[k];
-    if (i < 0 || i >= n)
-      return Status::error("step_tensors: no tensor " + std::to_string(i) +
-                           " (there are " + std::to_string(n) + ")");
-    if (k > 0 && i <= indices[k - 1])
-      return Status::error("step_tensors: tensor indices must be ascending "
-                           "and distinct");
-    if (!I.tensors[size_t(i)].grad)
-      return Status::error("step: tensor " + std::to_string(i) + " (numel " +
-                           std::to_string(I.tensors[size_t(i)].numel) +
-                           ") has no gradient (add_param/set_grad)");
-  }
+  if (Status s = check_step_indices(I.tensors, indices); !s)
+    return s;
   Status s = I.hypers->check_complete();
   if (!s)
     return s;

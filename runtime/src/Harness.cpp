@@ -1381,10 +1381,9 @@ Status Optimizer::step() {
   return Status::success();
 }
 
-Status Optimizer::step_tensors(const std::vector<int64_t> &indices,
-                               int64_t t) {
-  Impl &I = *impl_;
-  const int64_t n = int64_t(I.tensors.size());
+Status check_step_indices(const std::vector<TensorInfo> &tensors,
+                          const std::vector<int64_t> &indices) {
+  const int64_t n = int64_t(tensors.size());
   for (size_t k = 0; k < indices.size(); ++k) {
     int64_t i = indices[k];
     if (i < 0 || i >= n)
@@ -1393,11 +1392,19 @@ Status Optimizer::step_tensors(const std::vector<int64_t> &indices,
     if (k > 0 && i <= indices[k - 1])
       return Status::error("step_tensors: tensor indices must be ascending "
                            "and distinct");
-    if (!I.tensors[size_t(i)].grad)
+    if (!tensors[size_t(i)].grad)
       return Status::error("step: tensor " + std::to_string(i) + " (numel " +
-                           std::to_string(I.tensors[size_t(i)].numel) +
+                           std::to_string(tensors[size_t(i)].numel) +
                            ") has no gradient (add_param/set_grad)");
   }
+  return Status::success();
+}
+
+Status Optimizer::step_tensors(const std::vector<int64_t> &indices,
+                               int64_t t) {
+  Impl &I = *impl_;
+  if (Status s = check_step_indices(I.tensors, indices); !s)
+    return s;
   Status complete = I.hypers->check_complete();
   if (!complete)
     return complete;

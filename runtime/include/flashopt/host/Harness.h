@@ -375,6 +375,11 @@ int64_t append_table_records(const Manifest &m, const TensorInfo &t,
                              int64_t max_record_elements,
                              std::vector<int64_t> &table);
 
+/// Checks the tensor subset of a step_tensors call: valid, ascending,
+/// distinct indices whose tensors all have a gradient.
+Status check_step_indices(const std::vector<TensorInfo> &tensors,
+                          const std::vector<int64_t> &indices);
+
 /// The bytes report of `tensors` under `m`; `runtime_allocated` is passed
 /// through.
 BytesReport compute_bytes_report(const Manifest &m,
