@@ -298,6 +298,12 @@ llvm::Expected<std::string> compilePTX(Job &job, llvm::StringRef chip) {
   return target::serializeToPTX(*gpuModule, tritonCompatOpt);
 }
 
+/// Whether a CPU flavour has a hardware FMA (then flashopt-exact-int-division
+/// runs for it; see flashopt-cpu-pipeline{fma}).
+bool cpuHasFMA(const target::HostCPU &cpu) {
+  return llvm::is_contained(cpu.requires_, "fma");
+}
+
 /// Builds the bundle of `job` in a temporary directory next to its final
 /// place, then renames it into place: a failure leaves no partial bundle.
 int buildBundle(Job &job, const std::vector<target::HostCPU> &cpus,
@@ -325,17 +331,20 @@ int buildBundle(Job &job, const std::vector<target::HostCPU> &cpus,
 
   bool wantCPU = llvm::is_contained(targets, "cpu");
   if (wantCPU) {
-    OwningOpRef<ModuleOp> cpuModule(cast<ModuleOp>(kernelModule->clone()));
-    if (failed(runPasses(*cpuModule, [](OpPassManager &pm) {
-          pm.addPass(createFlashOptToCPU());
-          // The rest of flashopt-cpu-pipeline (expand already ran).
-        })))
-      return fail("lowering " + name + " to the CPU failed");
-    if (failed(runPasses(*cpuModule, [](OpPassManager &pm) {
-          buildCPULLVMPipeline(pm);
-        })))
-      return fail("lowering " + name + " to LLVM failed");
     for (const target::HostCPU &cpu : cpus) {
+      OwningOpRef<ModuleOp> cpuModule(cast<ModuleOp>(kernelModule->clone()));
+      bool fma = cpuHasFMA(cpu);
+      if (failed(runPasses(*cpuModule, [fma](OpPassManager &pm) {
+            // flashopt-cpu-pipeline{fma=...} (expand already ran).
+            if (fma)
+              pm.addPass(createFlashOptExactIntDivision());
+            pm.addPass(createFlashOptToCPU());
+          })))
+        return fail("lowering " + name + " to the CPU failed");
+      if (failed(runPasses(*cpuModule, [](OpPassManager &pm) {
+            buildCPULLVMPipeline(pm);
+          })))
+        return fail("lowering " + name + " to LLVM failed");
       auto obj = target::emitHostObject(*cpuModule, cpu);
       if (!obj)
         return fail(llvm::toString(obj.takeError()));
@@ -496,22 +505,24 @@ int main(int argc, char **argv) {
     }
     case Emit::LLVM:
     case Emit::Obj: {
-      if (failed(runPasses(*job.module, [](OpPassManager &pm) {
-            buildCPUPipeline(pm);
-          })))
-        return fail("lowering " + name + " to LLVM failed");
       std::vector<target::HostCPU> use = cpus;
       if (emitKind == Emit::LLVM)
         use.resize(1);
       for (const target::HostCPU &cpu : use) {
+        OwningOpRef<ModuleOp> cpuModule(cast<ModuleOp>(job.module->clone()));
+        bool fma = cpuHasFMA(cpu);
+        if (failed(runPasses(*cpuModule, [fma](OpPassManager &pm) {
+              buildCPUPipeline(pm, fma);
+            })))
+          return fail("lowering " + name + " to LLVM failed");
         if (emitKind == Emit::LLVM) {
-          auto ir = target::emitHostLLVMIR(*job.module, cpu, /*optimize=*/true);
+          auto ir = target::emitHostLLVMIR(*cpuModule, cpu, /*optimize=*/true);
           if (!ir)
             return fail(llvm::toString(ir.takeError()));
           llvm::outs() << *ir;
           continue;
         }
-        auto obj = target::emitHostObject(*job.module, cpu);
+        auto obj = target::emitHostObject(*cpuModule, cpu);
         if (!obj)
           return fail(llvm::toString(obj.takeError()));
         if (std::error_code ec = llvm::sys::fs::create_directories(outputDir))

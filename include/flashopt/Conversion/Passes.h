@@ -49,7 +49,9 @@ namespace mlir::flashopt {
 
 /// Adds flashopt-cpu-pipeline: flashopt.optimizer → LLVM dialect
 /// (flashopt-expand-encodings, flashopt-to-cpu, then buildCPULLVMPipeline).
-void buildCPUPipeline(OpPassManager &pm);
+/// `fma`: the target CPU has a hardware fused multiply-add, so
+/// flashopt-exact-int-division runs (x86-64-v3: yes; baseline x86-64: no).
+void buildCPUPipeline(OpPassManager &pm, bool fma = true);
 
 /// Adds the part of the CPU pipeline after flashopt-to-cpu: cleanup,
 /// scf → cf, bf16 expansion, flashopt-convert-to-llvm.

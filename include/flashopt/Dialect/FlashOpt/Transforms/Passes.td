@@ -51,4 +51,30 @@ def FlashOptExpandEncodings : Pass<"flashopt-expand-encodings", "::mlir::ModuleO
   let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
 }
 
+def FlashOptExactIntDivision : Pass<"flashopt-exact-int-division", "::mlir::ModuleOp"> {
+  let summary = "Correctly rounded division of small integers by constants, without a divide";
+  let description = [{
+    Dequantization and the master-weight correction divide an integer code
+    by a constant (`code / 127`, `code / 255`, `rho / 32767`). Such an
+    `arith.divf (arith.sitofp|uitofp %k : iN), C` (N <= 16) is rewritten to
+    the reciprocal-and-residual sequence
+
+    ```mlir
+    %q0 = arith.mulf %x, %r          // r = RN(1 / C)
+    %e  = math.fma %nq0, %C, %x      // -q0 * C + x, exact
+    %q  = math.fma %e, %r, %q0
+    ```
+
+    when, and only when, the pass has checked for every one of the 2^N
+    possible numerators (IEEE arithmetic on APFloat) that it yields exactly
+    the correctly rounded quotient: the result is bit-identical to the
+    division it replaces. A fused multiply-add and a multiply are cheaper
+    than an IEEE division. Run it only for targets with a hardware FMA:
+    flashopt-gen does so for x86-64-v3 (flashopt-cpu-pipeline{fma=true});
+    a baseline x86-64 kernel keeps its divisions, and the GPU pipeline does
+    not run it until it is measured on a device.
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
+}
+
 #endif // FLASHOPT_TRANSFORMS_PASSES_TD
