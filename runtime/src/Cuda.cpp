@@ -722,6 +722,34 @@ struct CudaOptimizer::Impl {
                     std::string("uploading the ") + what);
   }
 
+  /// Before a launch (inside a context scope): allocates what add_param
+  /// deferred, and uploads the tensor table and the hyper table if they
+  /// changed since the last upload.
+  Status prepareLaunch() {
+    Status s = commit();
+    if (!s)
+      return s;
+    if (tableDirty) {
+      rebuildTable();
+      if (!(s = uploadTo(&devTable, &devTableBytes, table.data(),
+                         int64_t(table.size() * sizeof(int64_t)),
+                         "tensor table")))
+        return s;
+      tableDirty = false;
+      ++tableUploads;
+    }
+    const std::vector<float> &hv = hypers->values();
+    if (!hypersUploaded || uploadedHyperGeneration != hypers->generation()) {
+      if (!(s = uploadTo(&devHypers, &devHypersBytes, hv.data(),
+                         int64_t(hv.size() * sizeof(float)), "hyper table")))
+        return s;
+      hypersUploaded = true;
+      uploadedHyperGeneration = hypers->generation();
+      ++hyperUploads;
+    }
+    return Status::success();
+  }
+
   void rebuildTable() {
     table.clear();
     table.reserve(tensors.size() * size_t(m->record_words));
@@ -1027,27 +1055,8 @@ Status CudaOptimizer::step() {
     CudaContext::Scope scope(*I.ctx);
     if (!scope.ok())
       return scope.status();
-    if (!(s = I.commit()))
+    if (!(s = I.prepareLaunch()))
       return s;
-    if (I.tableDirty) {
-      I.rebuildTable();
-      if (!(s = I.uploadTo(&I.devTable, &I.devTableBytes, I.table.data(),
-                           int64_t(I.table.size() * sizeof(int64_t)),
-                           "tensor table")))
-        return s;
-      I.tableDirty = false;
-      ++I.tableUploads;
-    }
-    const std::vector<float> &hv = I.hypers->values();
-    if (!I.hypersUploaded ||
-        I.uploadedHyperGeneration != I.hypers->generation()) {
-      if (!(s = I.uploadTo(&I.devHypers, &I.devHypersBytes, hv.data(),
-                           int64_t(hv.size() * sizeof(float)), "hyper table")))
-        return s;
-      I.hypersUploaded = true;
-      I.uploadedHyperGeneration = I.hypers->generation();
-      ++I.hyperUploads;
-    }
     lc = I.config(); // records may have changed
     int64_t args[6] = {
         int64_t(I.devTable), I.records, int64_t(I.devHypers), t, 0,
@@ -1082,27 +1091,8 @@ Status CudaOptimizer::step_tensors(const std::vector<int64_t> &indices,
     CudaContext::Scope scope(*I.ctx);
     if (!scope.ok())
       return scope.status();
-    if (!(s = I.commit()))
+    if (!(s = I.prepareLaunch()))
       return s;
-    if (I.tableDirty) {
-      I.rebuildTable();
-      if (!(s = I.uploadTo(&I.devTable, &I.devTableBytes, I.table.data(),
-                           int64_t(I.table.size() * sizeof(int64_t)),
-                           "tensor table")))
-        return s;
-      I.tableDirty = false;
-      ++I.tableUploads;
-    }
-    const std::vector<float> &hv = I.hypers->values();
-    if (!I.hypersUploaded ||
-        I.uploadedHyperGeneration != I.hypers->generation()) {
-      if (!(s = I.uploadTo(&I.devHypers, &I.devHypersBytes, hv.data(),
-                           int64_t(hv.size() * sizeof(float)), "hyper table")))
-        return s;
-      I.hypersUploaded = true;
-      I.uploadedHyperGeneration = I.hypers->generation();
-      ++I.hyperUploads;
-    }
     const int64_t R = I.m->record_words;
     const int64_t a = indices.front(), b = indices.back() + 1;
     CUdeviceptr table = 0;
