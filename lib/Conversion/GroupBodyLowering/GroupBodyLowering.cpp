@@ -15,6 +15,7 @@
 #include "flashopt/Conversion/GroupBodyLowering.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "llvm/ADT/DenseMap.h"
@@ -347,23 +348,40 @@ private:
   }
 
   /// The maximum of `in` over the worker's valid lanes.
+  ///
+  /// When `in` is an absolute value (the group absmax of every quantized
+  /// state), its lanes are non-negative floats or NaNs with the sign bit
+  /// clear, whose IEEE order is the unsigned order of their bit patterns
+  /// (NaNs above +inf): an integer max reduction gives the same result as
+  /// the NaN-propagating float one, without its compare-and-blend at every
+  /// step. Masked lanes then become +0.0 (all bits clear).
   Value localMax(Location loc, Value in) {
     Value v = vectorOf(loc, in);
-    auto plain = [&](OpBuilder &ob, Location l) -> Value {
-      return vector::ReductionOp::create(ob, l,
-                                         vector::CombiningKind::MAXIMUMF, v);
+    bool nonNegative = in.getDefiningOp<math::AbsFOp>() != nullptr;
+    auto reduce = [&](OpBuilder &ob, Location l, Value x) -> Value {
+      if (!nonNegative)
+        return vector::ReductionOp::create(ob, l,
+                                           vector::CombiningKind::MAXIMUMF, x);
+      Type i32 = ob.getI32Type();
+      Value bits = arith::BitcastOp::create(ob, l, vecOf(i32), x);
+      Value m = vector::ReductionOp::create(ob, l,
+                                            vector::CombiningKind::MAXUI, bits);
+      return arith::BitcastOp::create(ob, l, ob.getF32Type(), m);
     };
-    // Lanes past the end take no part: they become -inf.
+    auto plain = [&](OpBuilder &ob, Location l) -> Value {
+      return reduce(ob, l, v);
+    };
+    // Lanes past the end take no part: they become -inf (+0 for absolute
+    // values, which are never below it).
     auto masked = [&](OpBuilder &ob, Location l) -> Value {
-      Value ninf = arith::ConstantOp::create(
+      float fill = nonNegative ? 0.0f : -std::numeric_limits<float>::infinity();
+      Value neutral = arith::ConstantOp::create(
           ob, l,
-          DenseElementsAttr::get(
-              vecOf(ob.getF32Type()),
-              ob.getF32FloatAttr(-std::numeric_limits<float>::infinity())));
+          DenseElementsAttr::get(vecOf(ob.getF32Type()),
+                                 ob.getF32FloatAttr(fill)));
       Value m = laneMask(ob, l);
-      Value sel = arith::SelectOp::create(ob, l, m, v, ninf);
-      return vector::ReductionOp::create(ob, l,
-                                         vector::CombiningKind::MAXIMUMF, sel);
+      Value sel = arith::SelectOp::create(ob, l, m, v, neutral);
+      return reduce(ob, l, sel);
     };
     switch (env.predication) {
     case Predication::None:

@@ -19,14 +19,18 @@
 // CHECK:       scf.if
 // CHECK:         flashopt.raw_load %{{.*}}[%[[E]]] {alignment = 4 : i64} : vector<32xf32>
 // CHECK:         flashopt.raw_load %{{.*}}[%[[G]]] {alignment = 2 : i64} : f16
-// CHECK:         vector.reduction <maximumf>
+// The absmax of non-negative floats: an unsigned max of their bits.
+// CHECK:         %[[BITS:.*]] = arith.bitcast %{{.*}} : vector<32xf32> to vector<32xi32>
+// CHECK:         %[[MAX:.*]] = vector.reduction <maxui>, %[[BITS]] : vector<32xi32> into i32
+// CHECK:         arith.bitcast %[[MAX]] : i32 to f32
 // CHECK:         flashopt.raw_store %{{.*}}, %{{.*}}[%[[E]]] {alignment = 4 : i64} : vector<32xf32>
 // CHECK:         flashopt.raw_store %{{.*}}, %{{.*}}[%[[G]]] {alignment = 2 : i64} : f16
 // CHECK:       } else {
 // CHECK:         %[[MASK:.*]] = arith.cmpi slt
 // CHECK:         flashopt.raw_load %{{.*}}[%[[E]]] mask(%[[MASK]] : vector<32xi1>) {alignment = 4 : i64} : vector<32xf32>
-// CHECK:         arith.select %{{.*}}, %{{.*}}, %{{.*}} : vector<32xi1>, vector<32xf32>
-// CHECK:         vector.reduction <maximumf>
+// Lanes past the end read as +0.0 (never above an absolute value).
+// CHECK:         arith.select %{{.*}}, %{{.*}}, %[[ZERO:.*]] : vector<32xi1>, vector<32xf32>
+// CHECK:         vector.reduction <maxui>
 // CHECK:         flashopt.raw_store %{{.*}}, %{{.*}}[%[[E]]] mask(%{{.*}} : vector<32xi1>)
 // CHECK:         flashopt.raw_store %{{.*}}, %{{.*}}[%[[G]]] {alignment = 2 : i64} : f16
 // CHECK: return
@@ -47,5 +51,21 @@ flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"param", f32, elemen
     flashopt.store_group 1, %mh : f16
     %z = arith.subf %y, %lr : f32
     flashopt.store_element 0, %z : f32
+  }
+}
+
+// A group maximum of values that may be negative keeps the NaN-propagating
+// float reduction, with -inf in the lanes past the end.
+// CHECK-LABEL: func.func @signed_max(
+// CHECK:         vector.reduction <maximumf>
+// CHECK:       } else {
+// CHECK:         arith.select %{{.*}}, %{{.*}}, %{{.*}} : vector<32xi1>, vector<32xf32>
+// CHECK:         vector.reduction <maximumf>
+flashopt.kernel @signed_max group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>, #flashopt.buffer<"s", f32, group, readwrite>]) hypers([]) {
+  flashopt.group_body {
+    %p = flashopt.load_element 0 : f32
+    %m = flashopt.group_max %p : f32
+    flashopt.store_group 1, %m : f32
+    flashopt.store_element 0, %p : f32
   }
 }

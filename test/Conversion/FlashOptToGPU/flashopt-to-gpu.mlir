@@ -25,7 +25,7 @@
 // CHECK: flashopt.raw_load %{{.*}}[%{{.*}}] {alignment = 8 : i64} : vector<8xi8>
 // The thread's part of the group max, then the parameter store (phase 0),
 // then the butterfly across the group's lanes.
-// CHECK: vector.reduction <maximumf>
+// CHECK: vector.reduction <maxui>
 // CHECK: flashopt.raw_store %{{.*}}, %{{.*}}[%{{.*}}] {alignment = 16 : i64} : vector<8xbf16>
 // CHECK: gpu.shuffle  xor %{{.*}}, %{{.*}}, %{{.*}} : f32
 // CHECK: arith.maximumf

@@ -3,7 +3,7 @@
 // f32 streams: 4 elements per thread (one 128-bit access), a group of 32
 // spans 8 lanes: a 3-step butterfly with offsets 4, 2, 1.
 // CHECK: flashopt.raw_load %{{.*}}[%{{.*}}] {alignment = 16 : i64} : vector<4xf32>
-// CHECK: vector.reduction <maximumf>
+// CHECK: vector.reduction <maxui>
 // CHECK: %[[C4:.*]] = arith.constant 4 : i32
 // CHECK: gpu.shuffle  xor %{{.*}}, %[[C4]]
 // CHECK: %[[C2:.*]] = arith.constant 2 : i32

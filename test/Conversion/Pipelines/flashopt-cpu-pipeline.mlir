@@ -19,6 +19,6 @@
 // CHECK-NOT: scf.
 // CHECK-NOT: fastmath
 // CHECK: llvm.intr.sqrt
-// CHECK: llvm.intr.vector.reduce.fmaximum
+// CHECK: llvm.intr.vector.reduce.umax
 // CHECK: llvm.intr.masked.load
 // CHECK: llvm.return
