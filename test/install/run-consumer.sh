@@ -39,8 +39,9 @@ readelf -d "$PREFIX/bin/flashopt-gen" | grep -E 'RUNPATH|RPATH'
 grep -q adamw "$WORK/rules.txt" || fail "the installed flashopt-gen lists no built-in adamw rule"
 # The built-in rules are compiled in: nothing points back into the tree.
 grep -aq -- "$SRC/" "$PREFIX/bin/flashopt-gen" && fail "the installed flashopt-gen names $SRC"
-env -u LD_LIBRARY_PATH ldd "$PREFIX/bin/flashopt-gen" | grep -q 'not found' &&
-  fail "unresolved libraries: $(ldd "$PREFIX/bin/flashopt-gen" | grep 'not found')"
+GEN_LDD=$(env -u LD_LIBRARY_PATH ldd "$PREFIX/bin/flashopt-gen")
+grep -q 'not found' <<<"$GEN_LDD" &&
+  fail "unresolved libraries: $(grep 'not found' <<<"$GEN_LDD")"
 
 step "configure examples/consumer against $PREFIX"
 cp -r "$SRC/examples/consumer" "$WORK/consumer"
@@ -73,8 +74,11 @@ grep -q -- "$PREFIX/include" "$WORK/consumer-build/compile_commands.json" ||
   fail "no bundle kernels/consumer_sgd (flashopt_add_kernels without EMBED)"
 ls "$WORK"/consumer-build/flashopt-embed/flashopt-consumer/flashopt_bundle_consumer_adamw.c >/dev/null ||
   fail "no embedded bundle source for consumer_adamw"
-env -u LD_LIBRARY_PATH ldd "$WORK/consumer-build/flashopt-consumer" | grep libflashopt
-env -u LD_LIBRARY_PATH ldd "$WORK/consumer-build/flashopt-consumer" | grep -q "libflashopt.so.* => $PREFIX/lib/" ||
+# (ldd's output is captured first: `ldd | grep -q` under pipefail fails
+# whenever grep exits before ldd has written everything.)
+LDD_OUT=$(env -u LD_LIBRARY_PATH ldd "$WORK/consumer-build/flashopt-consumer")
+grep libflashopt <<<"$LDD_OUT"
+grep -q "libflashopt.so.* => $PREFIX/lib/" <<<"$LDD_OUT" ||
   fail "the consumer does not load libflashopt from $PREFIX/lib"
 
 step "run the consumer (from another directory)"

@@ -68,7 +68,9 @@ struct GroupBodyEnv {
   /// alignment is min(this, width * element size).
   int64_t maxAlignment = 0;
   /// Combines a worker's partial maximum with the other workers of its
-  /// group (GPU butterfly); null when a worker holds the whole group.
+  /// group (GPU butterfly); null when a worker holds the whole group. The
+  /// value is an f32 (float maximum) or, for absolute values, the i32 bits
+  /// of one (unsigned maximum).
   std::function<Value(OpBuilder &, Location, Value)> combineAcrossWorkers;
 };
 

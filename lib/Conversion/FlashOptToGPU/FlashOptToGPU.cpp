@@ -221,7 +221,10 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
       auto shfl = gpu::ShuffleOp::create(ob, l, v, int32_t(offset),
                                          int32_t(kWarpSize),
                                          gpu::ShuffleMode::XOR);
-      v = arith::MaximumFOp::create(ob, l, v, shfl.getShuffleResult());
+      Value other = shfl.getShuffleResult();
+      v = v.getType().isInteger(32)
+              ? arith::MaxUIOp::create(ob, l, v, other).getResult()
+              : arith::MaximumFOp::create(ob, l, v, other).getResult();
     }
     return v;
   };

@@ -144,8 +144,17 @@ public:
           if (phaseOf(gmax.getValue()) != p || !varying.count(gmax.getValue()))
             continue;
           Value v = partialMax.lookup(gmax.getResult());
-          if (env.combineAcrossWorkers)
-            v = env.combineAcrossWorkers(b, loc, v);
+          if (env.combineAcrossWorkers) {
+            // Absolute values combine as the unsigned max of their bits, as
+            // in localMax, so every target agrees on NaN payloads too.
+            if (gmax.getValue().getDefiningOp<math::AbsFOp>()) {
+              Value bits = arith::BitcastOp::create(b, loc, b.getI32Type(), v);
+              bits = env.combineAcrossWorkers(b, loc, bits);
+              v = arith::BitcastOp::create(b, loc, b.getF32Type(), bits);
+            } else {
+              v = env.combineAcrossWorkers(b, loc, v);
+            }
+          }
           scalars[gmax.getResult()] = v;
         }
     }

@@ -27,10 +27,14 @@
 // then the butterfly across the group's lanes.
 // CHECK: vector.reduction <maxui>
 // CHECK: flashopt.raw_store %{{.*}}, %{{.*}}[%{{.*}}] {alignment = 16 : i64} : vector<8xbf16>
-// CHECK: gpu.shuffle  xor %{{.*}}, %{{.*}}, %{{.*}} : f32
-// CHECK: arith.maximumf
+// The absmax crosses lanes as the i32 bits of |x| (unsigned max), like the
+// CPU's reduction.
+// CHECK: arith.bitcast %{{.*}} : f32 to i32
+// CHECK: gpu.shuffle  xor %{{.*}}, %{{.*}}, %{{.*}} : i32
+// CHECK: arith.maxui
 // CHECK: gpu.shuffle  xor
-// CHECK: arith.maximumf
+// CHECK: arith.maxui
+// CHECK: arith.bitcast %{{.*}} : i32 to f32
 // Only the group's first lane stores the scale.
 // CHECK: scf.if
 // CHECK: flashopt.raw_store %{{.*}}, %{{.*}}[%{{.*}}] {alignment = 2 : i64} : f16
