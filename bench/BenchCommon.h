@@ -32,25 +32,6 @@ namespace flashopt::bench {
 
 using namespace flashopt::host;
 
-/// The subdirectories of `dir` holding a manifest.json, sorted.
-inline std::vector<std::string> listBundles(const std::string &dir) {
-  std::vector<std::string> names;
-  DIR *d = opendir(dir.c_str());
-  if (!d)
-    return names;
-  while (dirent *e = readdir(d)) {
-    std::string n = e->d_name;
-    if (n == "." || n == "..")
-      continue;
-    struct stat st;
-    if (::stat((dir + "/" + n + "/manifest.json").c_str(), &st) == 0)
-      names.push_back(n);
-  }
-  closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 /// Parses "1e6,1e8,250000" into element counts; false on a bad entry.
 inline bool parseSizes(const std::string &s, std::vector<int64_t> &out) {
   out.clear();

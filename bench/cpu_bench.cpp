@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
   }
   if (kernels.empty())
     return usage("--kernels DIR is required");
-  std::vector<std::string> names = listBundles(kernels);
+  std::vector<std::string> names = list_bundles(kernels);
   if (!only.empty()) {
     std::vector<std::string> keep;
     for (const std::string &n : names)

@@ -1032,11 +1032,8 @@ Expected<std::vector<uint8_t>> CudaOptimizer::download(int64_t tensor,
 
 Status CudaOptimizer::step() {
   Impl &I = *impl_;
-  for (size_t i = 0; i < I.tensors.size(); ++i)
-    if (!I.tensors[i].grad)
-      return Status::error("step: tensor " + std::to_string(i) + " (numel " +
-                           std::to_string(I.tensors[i].numel) +
-                           ") has no gradient (add_param/set_grad)");
+  if (Status g = check_all_grads(I.tensors); !g)
+    return g;
   Status s = I.hypers->check_complete();
   if (!s)
     return s;

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -1347,11 +1348,8 @@ std::vector<Chunk> Optimizer::plan_chunks() const {
 
 Status Optimizer::step() {
   Impl &I = *impl_;
-  for (size_t i = 0; i < I.tensors.size(); ++i)
-    if (!I.tensors[i].grad)
-      return Status::error("step: tensor " + std::to_string(i) + " (numel " +
-                           std::to_string(I.tensors[i].numel) +
-                           ") has no gradient (add_param/set_grad)");
+  if (Status g = check_all_grads(I.tensors); !g)
+    return g;
   Status complete = I.hypers->check_complete();
   if (!complete)
     return complete;
@@ -1381,6 +1379,21 @@ Status Optimizer::step() {
   return Status::success();
 }
 
+namespace {
+Status missing_grad(const std::vector<TensorInfo> &tensors, size_t i) {
+  return Status::error("step: tensor " + std::to_string(i) + " (numel " +
+                       std::to_string(tensors[i].numel) +
+                       ") has no gradient (add_param/set_grad)");
+}
+} // namespace
+
+Status check_all_grads(const std::vector<TensorInfo> &tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (!tensors[i].grad)
+      return missing_grad(tensors, i);
+  return Status::success();
+}
+
 Status check_step_indices(const std::vector<TensorInfo> &tensors,
                           const std::vector<int64_t> &indices) {
   const int64_t n = int64_t(tensors.size());
@@ -1393,9 +1406,7 @@ Status check_step_indices(const std::vector<TensorInfo> &tensors,
       return Status::error("step_tensors: tensor indices must be ascending "
                            "and distinct");
     if (!tensors[size_t(i)].grad)
-      return Status::error("step: tensor " + std::to_string(i) + " (numel " +
-                           std::to_string(tensors[size_t(i)].numel) +
-                           ") has no gradient (add_param/set_grad)");
+      return missing_grad(tensors, size_t(i));
   }
   return Status::success();
 }
@@ -1541,6 +1552,16 @@ BytesReport Optimizer::bytes() const {
     if (I.runtimeOwned(int(b)))
       allocated += I.arenas[b].capacity;
   return compute_bytes_report(*I.m, I.tensors, allocated);
+}
+
+std::vector<std::string> list_bundles(const std::string &dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto &e : std::filesystem::directory_iterator(dir, ec))
+    if (std::filesystem::is_regular_file(e.path() / "manifest.json", ec))
+      names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 } // namespace flashopt::host

@@ -472,24 +472,6 @@ void checkMultiVsSingle(const std::shared_ptr<CudaBundle> &gb, uint64_t seed,
 
 #undef CHECK_OK
 
-std::vector<std::string> listBundles(const std::string &dir) {
-  std::vector<std::string> names;
-  DIR *d = opendir(dir.c_str());
-  if (!d)
-    return names;
-  while (dirent *e = readdir(d)) {
-    std::string n = e->d_name;
-    if (n == "." || n == "..")
-      continue;
-    struct stat st;
-    if (::stat((dir + "/" + n + "/manifest.json").c_str(), &st) == 0)
-      names.push_back(n);
-  }
-  closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 int usage(const char *msg) {
   if (msg)
     std::fprintf(stderr, "flashopt-gpu-check: %s\n", msg);
@@ -553,7 +535,7 @@ int main(int argc, char **argv) {
               double(info.total_memory) / (1 << 30),
               cuda_version_string(info.driver_version).c_str());
 
-  std::vector<std::string> names = listBundles(kernels);
+  std::vector<std::string> names = list_bundles(kernels);
   if (!only.empty()) {
     std::vector<std::string> keep;
     for (const std::string &n : names)

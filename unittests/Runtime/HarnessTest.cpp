@@ -197,6 +197,24 @@ TEST_CASE("the fake bundle's manifest parses into the expected model") {
   CHECK(a->computed_bytes_per_param().total == doctest::Approx(7.125));
 }
 
+TEST_CASE("list_bundles finds the directories holding a manifest.json") {
+  namespace fs = std::filesystem;
+  fs::path bundle(FLASHOPT_FAKE_SGD_BUNDLE);
+  fs::path root = fs::temp_directory_path() /
+                  ("flashopt-list-bundles-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "b_second");
+  fs::create_directories(root / "a_first");
+  fs::create_directories(root / "no_manifest");
+  fs::copy_file(bundle / "manifest.json", root / "b_second" / "manifest.json");
+  fs::copy_file(bundle / "manifest.json", root / "a_first" / "manifest.json");
+  std::ofstream(root / "stray.json") << "{}";
+  CHECK(list_bundles(root.string()) ==
+        std::vector<std::string>{"a_first", "b_second"});
+  CHECK(list_bundles((root / "does_not_exist").string()).empty());
+  fs::remove_all(root);
+}
+
 TEST_CASE("the tensor table follows the kernel ABI word for word") {
   auto opt = makeOptimizer();
   const Manifest &m = opt->manifest();

@@ -249,6 +249,10 @@ private:
   KernelFn fn_ = nullptr;
 };
 
+/// The subdirectories of `dir` that hold a manifest.json (bundle names),
+/// sorted; empty when `dir` cannot be read.
+std::vector<std::string> list_bundles(const std::string &dir);
+
 //===----------------------------------------------------------------------===//
 // Optimizer options, tensors and reports
 //===----------------------------------------------------------------------===//
@@ -374,6 +378,9 @@ int64_t append_table_records(const Manifest &m, const TensorInfo &t,
                              const std::vector<int64_t> &addresses,
                              int64_t max_record_elements,
                              std::vector<int64_t> &table);
+
+/// Checks that every tensor has a gradient (the first one without is named).
+Status check_all_grads(const std::vector<TensorInfo> &tensors);
 
 /// Checks the tensor subset of a step_tensors call: valid, ascending,
 /// distinct indices whose tensors all have a gradient.
