@@ -322,26 +322,30 @@ std::string handleText(const void *h) {
   return os.str();
 }
 
-std::shared_ptr<ContextObj> getContext(flashopt_context h) {
+/// The live object behind handle `h` in `map` ("context"/"optimizer" in
+/// messages); with `take`, it also leaves the registry (destroy).
+template <typename T>
+std::shared_ptr<T> findHandle(std::unordered_map<uint64_t, std::shared_ptr<T>> &map,
+                              const void *h, const char *kind, bool take) {
   Registry &r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.contexts.find(idOf(h));
-  if (!h || it == r.contexts.end())
+  auto it = map.find(idOf(h));
+  if (!h || it == map.end())
     fail(FLASHOPT_ERROR_INVALID_HANDLE,
-         "context handle " + handleText(h) +
-             " is not a live context (destroyed, or never created)");
-  return it->second;
+         std::string(kind) + " handle " + handleText(h) + " is not a live " +
+             kind + " (destroyed, or never created)");
+  std::shared_ptr<T> obj = it->second;
+  if (take)
+    map.erase(it);
+  return obj;
+}
+
+std::shared_ptr<ContextObj> getContext(flashopt_context h) {
+  return findHandle(registry().contexts, h, "context", /*take=*/false);
 }
 
 std::shared_ptr<OptObj> getOptimizer(flashopt_optimizer h) {
-  Registry &r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.optimizers.find(idOf(h));
-  if (!h || it == r.optimizers.end())
-    fail(FLASHOPT_ERROR_INVALID_HANDLE,
-         "optimizer handle " + handleText(h) +
-             " is not a live optimizer (destroyed, or never created)");
-  return it->second;
+  return findHandle(registry().optimizers, h, "optimizer", /*take=*/false);
 }
 
 /// Looks up an optimizer and holds its mutex for the call.
@@ -1218,16 +1222,9 @@ flashopt_status flashopt_context_set_threads(flashopt_context ctx,
 
 flashopt_status flashopt_context_destroy(flashopt_context ctx) {
   return guard("flashopt_context_destroy", [&] {
-    std::shared_ptr<ContextObj> c; // released outside the registry lock
-    Registry &r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    auto it = r.contexts.find(idOf(ctx));
-    if (!ctx || it == r.contexts.end())
-      fail(FLASHOPT_ERROR_INVALID_HANDLE,
-           "context handle " + handleText(ctx) +
-               " is not a live context (destroyed, or never created)");
-    c = std::move(it->second);
-    r.contexts.erase(it);
+    // Released here, outside the registry lock.
+    std::shared_ptr<ContextObj> c =
+        findHandle(registry().contexts, ctx, "context", /*take=*/true);
   });
 }
 
@@ -1298,18 +1295,9 @@ flashopt_optimizer_create_embedded(flashopt_context ctx,
 
 flashopt_status flashopt_optimizer_destroy(flashopt_optimizer opt) {
   return guard("flashopt_optimizer_destroy", [&] {
-    std::shared_ptr<OptObj> o; // destroyed outside the registry lock
-    {
-      Registry &r = registry();
-      std::lock_guard<std::mutex> lock(r.mu);
-      auto it = r.optimizers.find(idOf(opt));
-      if (!opt || it == r.optimizers.end())
-        fail(FLASHOPT_ERROR_INVALID_HANDLE,
-             "optimizer handle " + handleText(opt) +
-                 " is not a live optimizer (destroyed, or never created)");
-      o = std::move(it->second);
-      r.optimizers.erase(it);
-    }
+    // Destroyed here, outside the registry lock.
+    std::shared_ptr<OptObj> o =
+        findHandle(registry().optimizers, opt, "optimizer", /*take=*/true);
     // Wait for a call in flight (misuse, but do not free under it).
     std::lock_guard<std::mutex> lock(o->mu);
   });
