@@ -15,7 +15,7 @@
 #define FLASHOPT_BENCH_BENCHCOMMON_H
 
 #include "flashopt/host/Float16.h"
-#include "flashopt/host/Harness.h"
+#include "flashopt/host/CpuOptimizer.h"
 
 #include <algorithm>
 #include <cmath>

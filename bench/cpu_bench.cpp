@@ -204,7 +204,7 @@ int main(int argc, char **argv) {
       std::memset(cd.get(), 0, size_t(copyBytes));
       OptimizerOptions oo;
       oo.threads = 1;
-      auto opt = Optimizer::create(*bundle, oo);
+      auto opt = CpuOptimizer::create(*bundle, oo);
       if (!opt) {
         std::printf("| %s | error: %s |\n", name.c_str(), opt.error().c_str());
         ++failures;

@@ -28,7 +28,7 @@
 
 #include "BenchCommon.h"
 
-#include "flashopt/host/Cuda.h"
+#include "flashopt/host/CudaOptimizer.h"
 
 #include <cstdio>
 #include <functional>

@@ -203,12 +203,15 @@ if command -v cmake >/dev/null 2>&1 && [[ -z "${FLASHOPT_DEVICE_NO_CMAKE:-}" ]];
 else
   say "device-check: cmake is not installed on this machine; building with $CXX_BIN directly"
   say "  (install cmake for the CMake build and the unit tests)."
-  F=(-O2 -std=c++17 -fexceptions -I runtime/include -I "$JSON_DIR")
+  F=(-O2 -std=c++17 -fexceptions -I runtime/include -I abi/include -I "$JSON_DIR")
   L=(-L "$BUILD/lib" -lflashopt_host -Wl,-rpath,"$BUILD/lib" -ldl -lpthread)
   {
     echo "set -e"
     echo "$(q mkdir -p "$BUILD/bin" "$BUILD/lib")"
-    echo "$(q "$CXX_BIN" "${F[@]}" -fPIC -shared runtime/src/Harness.cpp runtime/src/Cuda.cpp \
+    # The internal C++ layer the tools use: the ABI library, the optimizer
+    # core and its CPU and CUDA backends (not the C ABI).
+    echo "$(q "$CXX_BIN" "${F[@]}" -I runtime/src -fPIC -shared abi/src/*.cpp runtime/src/core/*.cpp \
+      runtime/src/cpu/*.cpp runtime/src/cuda/*.cpp \
       -o "$BUILD/lib/libflashopt_host.so" -ldl -lpthread)"
     echo "$(q "$CXX_BIN" "${F[@]}" tools/flashopt-gpu-check/flashopt-gpu-check.cpp \
       -o "$BUILD/bin/flashopt-gpu-check" "${L[@]}") & p1=\$!"

@@ -30,9 +30,9 @@
 ///
 //===----------------------------------------------------------------------===//
 
-#include "flashopt/host/Cuda.h"
+#include "flashopt/host/CudaOptimizer.h"
 #include "flashopt/host/Float16.h"
-#include "flashopt/host/Harness.h"
+#include "flashopt/host/CpuOptimizer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -256,7 +256,7 @@ void checkCpuVsGpu(const std::string &dir,
   const Manifest &m = gb->manifest();
   LoadOptions lo;
   lo.use_env = false;
-  auto cpu = Optimizer::create(dir, lo);
+  auto cpu = CpuOptimizer::create(dir, lo);
   if (!cpu) {
     out.error("CPU optimizer: " + cpu.error());
     return;
@@ -360,7 +360,7 @@ void checkCpuVsGpu(const std::string &dir,
       }
       const uint8_t *w = static_cast<const uint8_t *>(want->data);
       for (CudaOptimizer *g : {&G1, &G2}) {
-        auto got = g->download(int64_t(i), b.name);
+        auto got = g->read_buffer(int64_t(i), b.name);
         if (!got) {
           out.error(got.error());
           return;
@@ -451,8 +451,8 @@ void checkMultiVsSingle(const std::shared_ptr<CudaBundle> &gb, uint64_t seed,
     for (const BufferSpec &b : m.buffers) {
       if (b.role == BufferRole::Grad)
         continue; // shared
-      auto want = singles[size_t(i)]->download(0, b.name);
-      auto got = M.download(i, b.name);
+      auto want = singles[size_t(i)]->read_buffer(0, b.name);
+      auto got = M.read_buffer(i, b.name);
       if (!want || !got) {
         out.error(!want ? want.error() : got.error());
         return;

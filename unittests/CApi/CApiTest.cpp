@@ -20,10 +20,10 @@
 #include "flashopt/flashopt.h"
 #include "flashopt/flashopt.hpp"
 
-#include "Safetensors.h"
-#include "flashopt/host/Cuda.h"
+#include "safetensors/Safetensors.h"
+#include "flashopt/host/CudaOptimizer.h"
 #include "flashopt/host/Float16.h"
-#include "flashopt/host/Harness.h"
+#include "flashopt/host/CpuOptimizer.h"
 
 #include <dlpack/dlpack.h>
 #include <doctest/doctest.h>
@@ -258,12 +258,12 @@ struct AbiOpt {
 
 /// host::Optimizer over the model, set up as AbiOpt; with `only` >= 0, over
 /// that tensor alone (in its param group).
-std::unique_ptr<Optimizer> hostOpt(const std::string &spec, Model &model,
+std::unique_ptr<CpuOptimizer> hostOpt(const std::string &spec, Model &model,
                                    int only = -1) {
   OptimizerOptions oo;
   oo.threads = 3; // another split than the ABI's: results must not depend on it
-  Expected<std::unique_ptr<Optimizer>> o =
-      Optimizer::create(bundleDir(spec), {}, oo);
+  Expected<std::unique_ptr<CpuOptimizer>> o =
+      CpuOptimizer::create(bundleDir(spec), {}, oo);
   REQUIRE_MESSAGE(o.ok(), o.error());
   Optimizer &h = **o;
   REQUIRE(h.add_param_group() == 1);
@@ -333,7 +333,7 @@ void checkSameAsHost(flashopt_optimizer opt, const Model &abiModel,
 
 /// As checkSameAsHost, against one host optimizer per tensor.
 void checkSameAsSingles(flashopt_optimizer opt, const Model &abiModel,
-                        std::vector<std::unique_ptr<Optimizer>> &singles,
+                        std::vector<std::unique_ptr<CpuOptimizer>> &singles,
                         const Model &hostModel, const std::string &tag) {
   for (size_t i = 0; i < abiModel.params.size(); ++i)
     CHECK_MESSAGE(abiModel.params[i] == hostModel.params[i],
@@ -397,7 +397,7 @@ TEST_CASE("C ABI on the CPU, every shipped spec") {
     Model base(m, 7);
     Model ma = base.clone(), mh = base.clone();
     AbiOpt a(spec, ma);
-    std::unique_ptr<Optimizer> h = hostOpt(spec, mh);
+    std::unique_ptr<CpuOptimizer> h = hostOpt(spec, mh);
     flashopt_optimizer_info info{};
     REQUIRE(flashopt_optimizer_get_info(a.opt, &info) == FLASHOPT_OK);
     CHECK(std::string(info.name) == spec);
@@ -443,7 +443,7 @@ TEST_CASE("C ABI on the CPU, every shipped spec") {
     {
       Model mx = base.clone(), my = base.clone();
       AbiOpt x(spec, mx);
-      std::unique_ptr<Optimizer> hy = hostOpt(spec, my);
+      std::unique_ptr<CpuOptimizer> hy = hostOpt(spec, my);
       mx.fillGrads(1);
       my.fillGrads(1);
       REQUIRE(flashopt_step_param(x.opt, 2) == FLASHOPT_OK);
@@ -461,7 +461,7 @@ TEST_CASE("C ABI on the CPU, every shipped spec") {
       // Independently of step_tensors: one host optimizer per tensor, each
       // stepped with plain step() as often as its counter says.
       Model mz = base.clone();
-      std::vector<std::unique_ptr<Optimizer>> singles;
+      std::vector<std::unique_ptr<CpuOptimizer>> singles;
       for (size_t i = 0; i < kSizes.size(); ++i)
         singles.push_back(hostOpt(spec, mz, int(i)));
       mz.fillGrads(1);
@@ -649,7 +649,7 @@ TEST_CASE("set_hyper takes effect at the next step (LR schedule)") {
   Model base(*load_manifest(bundleDir(kSpec) + "/manifest.json"), 3);
   Model ms = base.clone(), mh = base.clone(), mc = base.clone();
   AbiOpt s(kSpec, ms), c(kSpec, mc);
-  std::unique_ptr<Optimizer> h = hostOpt(kSpec, mh);
+  std::unique_ptr<CpuOptimizer> h = hostOpt(kSpec, mh);
   const float lrs[3] = {1e-3f, 5e-3f, 2e-2f};
   for (int step = 0; step < 3; ++step) {
     ms.fillGrads(step);

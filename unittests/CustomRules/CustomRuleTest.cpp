@@ -13,7 +13,7 @@
 ///
 //===----------------------------------------------------------------------===//
 
-#include "flashopt/host/Harness.h"
+#include "flashopt/host/CpuOptimizer.h"
 
 #include <doctest/doctest.h>
 
@@ -43,7 +43,7 @@ bool sameBits(float a, float b) {
 } // namespace
 
 TEST_CASE("custom rule file: signSGD steps exactly as written") {
-  auto opt = Optimizer::create(bundleDir("sign_sgd_f32"), LoadOptions{},
+  auto opt = CpuOptimizer::create(bundleDir("sign_sgd_f32"), LoadOptions{},
                                OptimizerOptions{2, 1});
   REQUIRE_MESSAGE(opt.ok(), opt.error());
   Optimizer &o = **opt;
@@ -88,7 +88,7 @@ TEST_CASE("custom rule file: signSGD steps exactly as written") {
 }
 
 TEST_CASE("custom rule file: Adam with eps inside the sqrt") {
-  auto opt = Optimizer::create(bundleDir("adam_eps_inside_f32"), LoadOptions{},
+  auto opt = CpuOptimizer::create(bundleDir("adam_eps_inside_f32"), LoadOptions{},
                                OptimizerOptions{1, 1});
   REQUIRE_MESSAGE(opt.ok(), opt.error());
   Optimizer &o = **opt;

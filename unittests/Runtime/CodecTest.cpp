@@ -18,7 +18,7 @@
 ///
 //===----------------------------------------------------------------------===//
 
-#include "Codec.h"
+#include "codec/Codec.h"
 
 #include "flashopt/host/Float16.h"
 #include "flashopt_reference.h"

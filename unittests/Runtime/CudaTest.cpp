@@ -16,8 +16,8 @@
 ///
 //===----------------------------------------------------------------------===//
 
-#include "flashopt/host/Cuda.h"
-#include "flashopt/host/Harness.h"
+#include "flashopt/host/CudaOptimizer.h"
+#include "flashopt/host/CpuOptimizer.h"
 
 #ifdef FLASHOPT_TEST_HAVE_CUDA_H
 // After our header, so cuda.h's renaming macros do not touch its classes.
@@ -468,7 +468,7 @@ TEST_CASE("GPU: one step of a shipped bundle matches the CPU (GPU only)") {
   REQUIRE_MESSAGE(gpu.ok(), gpu.error());
   LoadOptions lo;
   lo.use_env = false;
-  auto cpu = Optimizer::create(dir, lo);
+  auto cpu = CpuOptimizer::create(dir, lo);
   REQUIRE_MESSAGE(cpu.ok(), cpu.error());
 
   const int64_t n = 1000;
@@ -494,7 +494,7 @@ TEST_CASE("GPU: one step of a shipped bundle matches the CPU (GPU only)") {
   CHECK((*gpu)->hyper_uploads() == 1);
   REQUIRE((*gpu)->synchronize().ok());
   for (const BufferSpec &b : (*gpu)->manifest().buffers) {
-    auto got = (*gpu)->download(0, b.name);
+    auto got = (*gpu)->read_buffer(0, b.name);
     REQUIRE_MESSAGE(got.ok(), got.error());
     auto want = (*cpu)->buffer(0, b.name);
     REQUIRE(want.ok());
@@ -638,7 +638,7 @@ TEST_CASE(
   CudaOptimizer &gpu = **gpuOr;
   LoadOptions lo;
   lo.use_env = false;
-  auto cpuOr = Optimizer::create(dir, lo);
+  auto cpuOr = CpuOptimizer::create(dir, lo);
   REQUIRE(cpuOr.ok());
   Optimizer &cpu = **cpuOr;
   CHECK(gpu.add_param_group() == 1);
@@ -711,7 +711,7 @@ TEST_CASE(
     REQUIRE(gpu.synchronize().ok());
     for (size_t i = 0; i < count; ++i)
       for (const char *name : {"param", "grad", "momentum_buffer"}) {
-        auto got = gpu.download(int64_t(i), name);
+        auto got = gpu.read_buffer(int64_t(i), name);
         REQUIRE_MESSAGE(got.ok(), got.error());
         auto want = cpu.buffer(int64_t(i), name);
         REQUIRE(want.ok());
@@ -738,7 +738,7 @@ TEST_CASE(
   REQUIRE_FALSE(noGrad.ok());
   CHECK(contains(noGrad.message(), "tensor 6 (numel 100000) has no gradient"));
   CHECK(gpu.step_count() == 4);
-  auto fresh = gpu.download(6, "momentum_buffer");
+  auto fresh = gpu.read_buffer(6, "momentum_buffer");
   REQUIRE(fresh.ok());
   CHECK(std::all_of(fresh->begin(), fresh->end(),
                     [](uint8_t b) { return b == 0; }));

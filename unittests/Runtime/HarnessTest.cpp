@@ -15,7 +15,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/host/Float16.h"
-#include "flashopt/host/Harness.h"
+#include "flashopt/host/CpuOptimizer.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -87,9 +87,9 @@ std::string makeBundle(const std::string &name, const json &manifest,
   return dir.string();
 }
 
-std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions &opts = {},
+std::unique_ptr<CpuOptimizer> makeOptimizer(const OptimizerOptions &opts = {},
                                          const std::string &dir = kBundle) {
-  auto o = Optimizer::create(dir, noEnv(), opts);
+  auto o = CpuOptimizer::create(dir, noEnv(), opts);
   REQUIRE_MESSAGE(o.ok(), o.error());
   return std::move(o.value());
 }
@@ -649,8 +649,8 @@ TEST_CASE("bad bundles: missing manifest, missing object, missing symbol") {
   REQUIRE_FALSE(b.ok());
   CHECK(b.error().find("no CPU kernel runs on this host; x86-64-v3 needs "
                        "quantum-entanglement") != std::string::npos);
-  // Optimizer::create passes the error through.
-  auto o = Optimizer::create(dir, noEnv());
+  // CpuOptimizer::create passes the error through.
+  auto o = CpuOptimizer::create(dir, noEnv());
   REQUIRE_FALSE(o.ok());
   CHECK(o.error().find("quantum-entanglement") != std::string::npos);
 }
@@ -700,7 +700,7 @@ TEST_CASE("CPU selection: best supported flavour, forced by option or env") {
   CHECK((*optWins)->kernel().cpu == opt.cpu);
 
   // An optimizer over the forced baseline steps like any other.
-  auto o = Optimizer::create(*forced);
+  auto o = CpuOptimizer::create(*forced);
   REQUIRE(o.ok());
   std::vector<float> p(100, 1.0f), g(100, 1.0f);
   REQUIRE((*o)->add_param(0, p.data(), 100, g.data()).ok());

@@ -15,7 +15,7 @@
 ///
 //===----------------------------------------------------------------------===//
 
-#include "Safetensors.h"
+#include "safetensors/Safetensors.h"
 
 #include "flashopt/host/Float16.h"
 

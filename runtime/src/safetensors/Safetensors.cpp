@@ -151,30 +151,10 @@ std::atomic<uint64_t> tempCounter{0};
 // Dtypes
 //===----------------------------------------------------------------------===//
 
-const char *dtype_name(DType t) {
-  switch (t) {
-  case DType::BF16:
-    return "BF16";
-  case DType::F16:
-    return "F16";
-  case DType::F32:
-    return "F32";
-  case DType::I8:
-    return "I8";
-  case DType::U8:
-    return "U8";
-  case DType::I16:
-    return "I16";
-  }
-  return "?";
-}
+const char *dtype_name(DType t) { return abi::dtype_safetensors_name(t); }
 
 std::optional<DType> parse_dtype(std::string_view name) {
-  for (DType t : {DType::BF16, DType::F16, DType::F32, DType::I8, DType::U8,
-                  DType::I16})
-    if (name == safetensors::dtype_name(t))
-      return t;
-  return std::nullopt;
+  return abi::parse_safetensors_dtype(name);
 }
 
 //===----------------------------------------------------------------------===//

@@ -28,7 +28,7 @@
 #ifndef FLASHOPT_RUNTIME_SAFETENSORS_H
 #define FLASHOPT_RUNTIME_SAFETENSORS_H
 
-#include "flashopt/host/Harness.h"
+#include "flashopt/host/Abi.h"
 
 #include <cstdint>
 #include <map>

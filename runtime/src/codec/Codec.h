@@ -20,7 +20,7 @@
 #ifndef FLASHOPT_RUNTIME_CODEC_H
 #define FLASHOPT_RUNTIME_CODEC_H
 
-#include "flashopt/host/Harness.h"
+#include "flashopt/host/Abi.h"
 
 #include <cstdint>
 #include <optional>

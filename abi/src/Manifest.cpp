@@ -1,0 +1,119 @@
+//===- Manifest.cpp - The bundle manifest model ----------------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// The model's queries and derived fields. The reader is in
+/// ManifestReader.cpp, the writer in ManifestWriter.cpp.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/abi/Manifest.h"
+
+namespace flashopt::abi {
+
+const char *state_kind_name(StateKind k) {
+  switch (k) {
+  case StateKind::Quantized:
+    return "quantized";
+  case StateKind::Plain:
+    return "plain";
+  case StateKind::Elided:
+    return "elided";
+  }
+  return "?";
+}
+
+std::optional<StateKind> parse_state_kind(std::string_view n) {
+  for (StateKind k : {StateKind::Quantized, StateKind::Plain, StateKind::Elided})
+    if (n == state_kind_name(k))
+      return k;
+  return std::nullopt;
+}
+
+const std::vector<std::string> &known_companders() {
+  static const std::vector<std::string> names = {"none", "softsign", "sqrt"};
+  return names;
+}
+
+int Manifest::hyper_index(std::string_view n) const {
+  for (size_t i = 0; i < hypers.size(); ++i)
+    if (hypers[i].name == n)
+      return int(i);
+  return -1;
+}
+
+int Manifest::buffer_index(std::string_view n) const {
+  for (size_t i = 0; i < buffers.size(); ++i)
+    if (buffers[i].name == n)
+      return int(i);
+  return -1;
+}
+
+BytesPerParam Manifest::computed_bytes_per_param() const {
+  BytesPerParam b;
+  for (const BufferSpec &buf : buffers) {
+    double per = buf.per == Per::Group
+                     ? double(dtype_size(buf.dtype)) / double(group_size)
+                     : double(dtype_size(buf.dtype));
+    switch (buf.role) {
+    case BufferRole::Param:
+      b.param += per;
+      break;
+    case BufferRole::Correction:
+      b.correction += per;
+      break;
+    case BufferRole::Grad:
+      b.grad += per;
+      break;
+    case BufferRole::State:
+      b.states += per;
+      break;
+    }
+  }
+  b.total = b.param + b.correction + b.grad + b.states;
+  b.total_with_grad_release = b.total - b.grad;
+  return b;
+}
+
+std::vector<BufferSpec> implied_buffers(const Manifest &m) {
+  std::vector<BufferSpec> out;
+  out.push_back({"param", m.param, Per::Element, true, BufferRole::Param});
+  if (m.correction)
+    out.push_back(
+        {"correction", *m.correction, Per::Element, true, BufferRole::Correction});
+  out.push_back({"grad", m.grad, Per::Element, false, BufferRole::Grad});
+  for (const StateSpec &s : m.states) {
+    if (s.kind == StateKind::Quantized) {
+      out.push_back(
+          {s.name + ".codes", s.storage, Per::Element, true, BufferRole::State});
+      out.push_back(
+          {s.name + ".scales", s.scale, Per::Group, true, BufferRole::State});
+    } else if (s.kind == StateKind::Plain) {
+      out.push_back({s.name, s.storage, Per::Element, true, BufferRole::State});
+    }
+  }
+  return out;
+}
+
+void complete_manifest(Manifest &m) {
+  m.buffers = implied_buffers(m);
+  m.header_words = kTableHeaderWords;
+  m.record_words = record_words(int64_t(m.buffers.size()));
+  m.bytes_per_param = m.computed_bytes_per_param();
+}
+
+Expected<int> find_buffer(const Manifest &m, std::string_view name) {
+  int b = m.buffer_index(name);
+  if (b >= 0)
+    return b;
+  std::string names;
+  for (const BufferSpec &s : m.buffers)
+    names += (names.empty() ? "" : ", ") + s.name;
+  return Status::error("buffer: " + m.name + " has no buffer \"" +
+                       std::string(name) + "\" (buffers: " + names + ")");
+}
+
+} // namespace flashopt::abi

@@ -1,0 +1,446 @@
+//===- ManifestReader.cpp - Reading and validating manifests ---------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// parse_manifest / load_manifest: every field checked, every error naming
+/// the file and the field ("<file>: field 'states[1].encoding.compand': ...").
+/// Exceptions are used inside this file only (JSON access) and are always
+/// turned into a Status before returning to the caller.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/abi/Manifest.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+namespace flashopt::abi {
+
+using json = nlohmann::json;
+
+namespace {
+
+/// Thrown inside the parser only; always caught in parse_manifest.
+struct ManifestError {
+  std::string message;
+};
+
+std::string quote(const std::string &s) { return "\"" + s + "\""; }
+
+std::string describe(const json &j) {
+  std::string s = j.dump();
+  if (s.size() > 60)
+    s = s.substr(0, 57) + "...";
+  return s;
+}
+
+std::string typeName(const json &j) {
+  return j.is_null() ? "null" : std::string(j.type_name());
+}
+
+class Parser {
+public:
+  explicit Parser(std::string origin) : origin_(std::move(origin)) {}
+
+  [[noreturn]] void fail(const std::string &field, const std::string &what) {
+    if (field.empty())
+      throw ManifestError{origin_ + ": " + what};
+    throw ManifestError{origin_ + ": field '" + field + "': " + what};
+  }
+
+  static std::string join(const std::string &path, const std::string &key) {
+    return path.empty() ? key : path + "." + key;
+  }
+  static std::string index(const std::string &path, size_t i) {
+    return path + "[" + std::to_string(i) + "]";
+  }
+
+  const json &member(const json &obj, const std::string &path,
+                     const std::string &key) {
+    auto it = obj.find(key);
+    if (it == obj.end())
+      fail(join(path, key), "missing");
+    return *it;
+  }
+
+  const json &object(const json &obj, const std::string &path,
+                     const std::string &key) {
+    const json &v = member(obj, path, key);
+    if (!v.is_object())
+      fail(join(path, key), "expected an object, got " + typeName(v));
+    return v;
+  }
+
+  const json &array(const json &obj, const std::string &path,
+                    const std::string &key) {
+    const json &v = member(obj, path, key);
+    if (!v.is_array())
+      fail(join(path, key), "expected an array, got " + typeName(v));
+    return v;
+  }
+
+  std::string string(const json &obj, const std::string &path,
+                     const std::string &key, bool nonEmpty = true) {
+    const json &v = member(obj, path, key);
+    if (!v.is_string())
+      fail(join(path, key), "expected a string, got " + typeName(v) + " " +
+                                describe(v));
+    std::string s = v.get<std::string>();
+    if (nonEmpty && s.empty())
+      fail(join(path, key), "must not be empty");
+    return s;
+  }
+
+  int64_t integer(const json &obj, const std::string &path,
+                  const std::string &key) {
+    const json &v = member(obj, path, key);
+    if (!v.is_number_integer())
+      fail(join(path, key), "expected an integer, got " + typeName(v) + " " +
+                                describe(v));
+    return v.get<int64_t>();
+  }
+
+  double number(const json &obj, const std::string &path,
+                const std::string &key) {
+    const json &v = member(obj, path, key);
+    if (!v.is_number())
+      fail(join(path, key), "expected a number, got " + typeName(v) + " " +
+                                describe(v));
+    return v.get<double>();
+  }
+
+  DType dtype(const json &obj, const std::string &path, const std::string &key,
+              std::initializer_list<DType> allowed, const char *context) {
+    std::string s = string(obj, path, key);
+    std::optional<DType> t = parse_dtype(s);
+    bool ok = t && std::find(allowed.begin(), allowed.end(), *t) != allowed.end();
+    if (!ok) {
+      std::string list;
+      for (DType a : allowed)
+        list += std::string(list.empty() ? "" : ", ") + dtype_name(a);
+      fail(join(path, key), std::string("expected one of ") + list +
+                                (context ? std::string(" (") + context + ")" : "") +
+                                ", got " + quote(s));
+    }
+    return *t;
+  }
+
+  Manifest parse(const json &root);
+
+private:
+  std::string origin_;
+};
+
+Manifest Parser::parse(const json &root) {
+  Manifest m;
+  m.path = origin_;
+  if (!root.is_object())
+    fail("", "expected a JSON object at the top level, got " + typeName(root));
+
+  m.format = string(root, "", "format");
+  if (m.format != kManifestFormat)
+    fail("format", "expected \"flashopt-manifest\", got " + quote(m.format));
+  m.format_version = integer(root, "", "format_version");
+  if (m.format_version != kManifestFormatVersion)
+    fail("format_version", "unsupported version " +
+                               std::to_string(m.format_version) +
+                               " (this runtime reads version " +
+                               std::to_string(kManifestFormatVersion) + ")");
+  m.generator = string(root, "", "generator");
+  m.name = string(root, "", "name");
+  m.spec_hash = string(root, "", "spec_hash");
+  m.rule = string(root, "", "rule");
+  // Optional, informational.
+  if (root.contains("spec"))
+    m.spec = string(root, "", "spec", /*nonEmpty=*/false);
+  if (root.contains("description"))
+    m.description = string(root, "", "description", /*nonEmpty=*/false);
+
+  m.group_size = integer(root, "", "group_size");
+  if (m.group_size < 1 || m.group_size > 65536 ||
+      (m.group_size & (m.group_size - 1)) != 0)
+    fail("group_size", "expected a power of two in [1, 65536], got " +
+                           std::to_string(m.group_size));
+
+  // param / grad
+  const json &param = object(root, "", "param");
+  m.param = dtype(param, "param", "dtype", {DType::BF16, DType::F16, DType::F32},
+                  nullptr);
+  {
+    std::string c = string(param, "param", "correction");
+    if (c == "none") {
+      m.correction = std::nullopt;
+    } else {
+      m.correction = dtype(param, "param", "correction", {DType::I8, DType::I16},
+                           "or \"none\"");
+      if (m.param == DType::F32)
+        fail("param.correction", "an f32 parameter takes no correction term, got " +
+                                     quote(c));
+    }
+  }
+  m.grad = dtype(root, "", "grad", {DType::BF16, DType::F16, DType::F32}, nullptr);
+
+  // hypers
+  const json &hypers = array(root, "", "hypers");
+  std::set<std::string> hyperNames;
+  for (size_t i = 0; i < hypers.size(); ++i) {
+    std::string p = index("hypers", i);
+    if (!hypers[i].is_object())
+      fail(p, "expected an object, got " + typeName(hypers[i]));
+    HyperSpec h;
+    h.name = string(hypers[i], p, "name");
+    if (!hyperNames.insert(h.name).second)
+      fail(join(p, "name"), "duplicate hyper-parameter " + quote(h.name));
+    const json &d = member(hypers[i], p, "default");
+    if (d.is_null()) {
+      h.default_value = std::nullopt;
+    } else if (d.is_number()) {
+      // Rounded to f32, the type the kernels read.
+      h.default_value = double(float(d.get<double>()));
+    } else {
+      fail(join(p, "default"), "expected a number or null, got " + typeName(d) +
+                                   " " + describe(d));
+    }
+    m.hypers.push_back(h);
+  }
+
+  // states
+  const json &states = array(root, "", "states");
+  std::set<std::string> stateNames;
+  for (size_t i = 0; i < states.size(); ++i) {
+    std::string p = index("states", i);
+    if (!states[i].is_object())
+      fail(p, "expected an object, got " + typeName(states[i]));
+    StateSpec s;
+    s.name = string(states[i], p, "name");
+    if (s.name == "param" || s.name == "grad" || s.name == "correction")
+      fail(join(p, "name"), "reserved buffer name " + quote(s.name));
+    if (!stateNames.insert(s.name).second)
+      fail(join(p, "name"), "duplicate state " + quote(s.name));
+    std::string ep = join(p, "encoding");
+    const json &enc = object(states[i], p, "encoding");
+    std::string kind = string(enc, ep, "kind");
+    if (kind == "quantized") {
+      s.kind = StateKind::Quantized;
+      s.storage = dtype(enc, ep, "storage", {DType::I8, DType::U8}, "quantized");
+      s.group = integer(enc, ep, "group");
+      if (s.group != m.group_size)
+        fail(join(ep, "group"), "is " + std::to_string(s.group) +
+                                    " but group_size is " +
+                                    std::to_string(m.group_size));
+      s.compand = string(enc, ep, "compand");
+      const std::vector<std::string> &companders = known_companders();
+      if (std::find(companders.begin(), companders.end(), s.compand) ==
+          companders.end())
+        fail(join(ep, "compand"),
+             "expected one of none, softsign, sqrt, got " + quote(s.compand));
+      if (s.compand == "softsign" && s.storage != DType::I8)
+        fail(join(ep, "compand"), "softsign needs i8 storage");
+      if (s.compand == "sqrt" && s.storage != DType::U8)
+        fail(join(ep, "compand"), "sqrt needs ui8 storage");
+      s.scale = dtype(enc, ep, "scale", {DType::F16, DType::BF16, DType::F32},
+                      nullptr);
+    } else if (kind == "plain") {
+      s.kind = StateKind::Plain;
+      s.storage = dtype(enc, ep, "storage", {DType::F32, DType::BF16, DType::F16},
+                        "plain");
+    } else if (kind == "elided") {
+      s.kind = StateKind::Elided;
+    } else {
+      fail(join(ep, "kind"),
+           "expected one of quantized, plain, elided, got " + quote(kind));
+    }
+    if (states[i].contains("elidable_if_zero")) {
+      s.elidable_if_zero = string(states[i], p, "elidable_if_zero");
+      if (!hyperNames.count(s.elidable_if_zero))
+        fail(join(p, "elidable_if_zero"),
+             "names an unknown hyper-parameter " + quote(s.elidable_if_zero));
+    }
+    if (s.kind == StateKind::Elided && s.elidable_if_zero.empty())
+      fail(join(p, "elidable_if_zero"),
+           "missing: an elided state must name the hyper-parameter that keeps "
+           "it zero");
+    m.states.push_back(s);
+  }
+
+  // The buffers the ABI implies, which the manifest's list must match.
+  std::vector<BufferSpec> expected = implied_buffers(m);
+  auto render = [](const BufferSpec &b) {
+    return quote(b.name) + " (" + dtype_name(b.dtype) + ", per " +
+           (b.per == Per::Group ? "group" : "element") + ", " +
+           (b.writable ? "readwrite" : "read") + ")";
+  };
+  const json &buffers = array(root, "", "buffers");
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    std::string p = index("buffers", i);
+    if (!buffers[i].is_object())
+      fail(p, "expected an object, got " + typeName(buffers[i]));
+    BufferSpec b;
+    b.name = string(buffers[i], p, "name");
+    std::string dt = string(buffers[i], p, "dtype");
+    std::optional<DType> t = parse_dtype(dt);
+    if (!t)
+      fail(join(p, "dtype"),
+           "expected one of bf16, f16, f32, i8, ui8, i16, got " + quote(dt));
+    b.dtype = *t;
+    std::string per = string(buffers[i], p, "per");
+    if (per != "element" && per != "group")
+      fail(join(p, "per"), "expected \"element\" or \"group\", got " + quote(per));
+    b.per = per == "group" ? Per::Group : Per::Element;
+    std::string access = string(buffers[i], p, "access");
+    if (access != "read" && access != "readwrite")
+      fail(join(p, "access"),
+           "expected \"read\" or \"readwrite\", got " + quote(access));
+    b.writable = access == "readwrite";
+    if (i >= expected.size())
+      fail(p, "unexpected buffer " + render(b) + ": param, correction, grad and "
+              "states imply only " + std::to_string(expected.size()) + " buffers");
+    const BufferSpec &e = expected[i];
+    if (b.name != e.name || b.dtype != e.dtype || b.per != e.per ||
+        b.writable != e.writable)
+      fail(p, "expected buffer " + render(e) + " (from param, grad and states), "
+              "got " + render(b));
+    b.role = e.role;
+    m.buffers.push_back(b);
+  }
+  if (m.buffers.size() != expected.size())
+    fail("buffers", "has " + std::to_string(m.buffers.size()) +
+                        " entries, expected " + std::to_string(expected.size()) +
+                        " (missing " + render(expected[m.buffers.size()]) + ")");
+
+  // table
+  const json &table = object(root, "", "table");
+  m.header_words = integer(table, "table", "header_words");
+  if (m.header_words != kTableHeaderWords)
+    fail("table.header_words", "expected " + std::to_string(kTableHeaderWords) +
+                                   ", got " + std::to_string(m.header_words));
+  m.record_words = integer(table, "table", "record_words");
+  if (m.record_words != record_words(int64_t(m.buffers.size())))
+    fail("table.record_words", "expected " +
+                                   std::to_string(record_words(int64_t(m.buffers.size()))) +
+                                   " (4 + buffers), got " +
+                                   std::to_string(m.record_words));
+
+  // bytes_per_param: must agree with the buffers.
+  const json &bpp = object(root, "", "bytes_per_param");
+  BytesPerParam &b = m.bytes_per_param;
+  b.param = number(bpp, "bytes_per_param", "param");
+  b.correction = number(bpp, "bytes_per_param", "correction");
+  b.grad = number(bpp, "bytes_per_param", "grad");
+  b.states = number(bpp, "bytes_per_param", "states");
+  b.total = number(bpp, "bytes_per_param", "total");
+  b.total_with_grad_release = number(bpp, "bytes_per_param", "total_with_grad_release");
+  BytesPerParam c = m.computed_bytes_per_param();
+  auto check = [&](const char *key, double stated, double computed) {
+    if (std::fabs(stated - computed) > 1e-6) {
+      std::ostringstream os;
+      os << "is " << stated << " but the buffers give " << computed;
+      fail(std::string("bytes_per_param.") + key, os.str());
+    }
+  };
+  check("param", b.param, c.param);
+  check("correction", b.correction, c.correction);
+  check("grad", b.grad, c.grad);
+  check("states", b.states, c.states);
+  check("total", b.total, c.total);
+  check("total_with_grad_release", b.total_with_grad_release,
+        c.total_with_grad_release);
+
+  // kernels
+  const json &kernels = array(root, "", "kernels");
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    std::string p = index("kernels", i);
+    if (!kernels[i].is_object())
+      fail(p, "expected an object, got " + typeName(kernels[i]));
+    KernelEntry k;
+    k.target = string(kernels[i], p, "target");
+    if (k.target == "cpu") {
+      k.cpu = string(kernels[i], p, "cpu");
+      const json &f = array(kernels[i], p, "features");
+      for (size_t j = 0; j < f.size(); ++j) {
+        if (!f[j].is_string())
+          fail(index(join(p, "features"), j),
+               "expected a string, got " + typeName(f[j]));
+        k.features.push_back(f[j].get<std::string>());
+      }
+      k.file = string(kernels[i], p, "file");
+      k.symbol = string(kernels[i], p, "symbol");
+    } else {
+      // GPU (and unknown) targets: keep what is there; the GPU runtime
+      // checks what it needs when it selects a kernel.
+      const json &e = kernels[i];
+      auto str = [&](const char *key, std::string &out) {
+        if (e.contains(key) && e[key].is_string())
+          out = e[key].get<std::string>();
+      };
+      auto num = [&](const char *key, int &out) {
+        if (e.contains(key) && e[key].is_number_integer()) {
+          int64_t v = e[key].get<int64_t>();
+          if (v >= 0 && v <= std::numeric_limits<int>::max())
+            out = int(v);
+        }
+      };
+      str("file", k.file);
+      str("symbol", k.symbol);
+      str("cubin", k.cubin);
+      num("threads_per_block", k.threads_per_block);
+      num("elements_per_thread", k.elements_per_thread);
+      num("registers", k.registers);
+      num("spill_stores", k.spill_stores);
+      num("spill_loads", k.spill_loads);
+    }
+    m.kernels.push_back(std::move(k));
+  }
+  return m;
+}
+
+} // namespace
+
+Expected<Manifest> parse_manifest(std::string_view text,
+                                  const std::string &origin) {
+  try {
+    json root;
+    try {
+      root = json::parse(text.begin(), text.end());
+    } catch (const json::parse_error &e) {
+      return Status::error(origin + ": invalid JSON: " + e.what());
+    }
+    return Parser(origin).parse(root);
+  } catch (const ManifestError &e) {
+    return Status::error(e.message);
+  } catch (const std::exception &e) {
+    return Status::error(origin + ": " + e.what());
+  } catch (...) {
+    return Status::error(origin + ": unknown error while reading the manifest");
+  }
+}
+
+Expected<Manifest> load_manifest(const std::string &path) {
+  try {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      int err = errno;
+      return Status::error(path + ": cannot open (" + std::strerror(err) + ")");
+    }
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    if (in.bad())
+      return Status::error(path + ": read error");
+    return parse_manifest(ss.str(), path);
+  } catch (const std::exception &e) {
+    return Status::error(path + ": " + e.what());
+  }
+}
+
+} // namespace flashopt::abi

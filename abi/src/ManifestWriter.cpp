@@ -1,0 +1,108 @@
+//===- ManifestWriter.cpp - Writing manifests ------------------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// write_manifest: the model as manifest.json, in the layout ManifestReader
+/// reads (ordered keys, so the file reads top to bottom like docs/KERNEL-ABI).
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/abi/Manifest.h"
+
+#include <nlohmann/json.hpp>
+
+namespace flashopt::abi {
+
+std::string write_manifest(const Manifest &m) {
+  using nlohmann::ordered_json;
+  ordered_json j;
+  j["format"] = m.format;
+  j["format_version"] = m.format_version;
+  j["generator"] = m.generator;
+  j["name"] = m.name;
+  if (!m.spec.empty())
+    j["spec"] = m.spec;
+  j["spec_hash"] = m.spec_hash;
+  j["rule"] = m.rule;
+  if (!m.description.empty())
+    j["description"] = m.description;
+  j["group_size"] = m.group_size;
+  j["param"] = {{"dtype", dtype_name(m.param)},
+                {"correction", m.correction ? dtype_name(*m.correction) : "none"}};
+  j["grad"] = dtype_name(m.grad);
+  ordered_json hypers = ordered_json::array();
+  for (const HyperSpec &h : m.hypers) {
+    ordered_json e;
+    e["name"] = h.name;
+    if (h.default_value)
+      e["default"] = *h.default_value;
+    else
+      e["default"] = nullptr;
+    hypers.push_back(e);
+  }
+  j["hypers"] = hypers;
+  ordered_json states = ordered_json::array();
+  for (const StateSpec &s : m.states) {
+    ordered_json enc;
+    enc["kind"] = state_kind_name(s.kind);
+    if (s.kind != StateKind::Elided)
+      enc["storage"] = dtype_name(s.storage);
+    if (s.kind == StateKind::Quantized) {
+      enc["group"] = s.group;
+      enc["compand"] = s.compand;
+      enc["scale"] = dtype_name(s.scale);
+    }
+    ordered_json e;
+    e["name"] = s.name;
+    e["encoding"] = enc;
+    if (!s.elidable_if_zero.empty())
+      e["elidable_if_zero"] = s.elidable_if_zero;
+    states.push_back(e);
+  }
+  j["states"] = states;
+  ordered_json buffers = ordered_json::array();
+  for (const BufferSpec &b : m.buffers)
+    buffers.push_back({{"name", b.name},
+                       {"dtype", dtype_name(b.dtype)},
+                       {"per", b.per == Per::Group ? "group" : "element"},
+                       {"access", b.writable ? "readwrite" : "read"}});
+  j["buffers"] = buffers;
+  j["table"] = {{"header_words", m.header_words},
+                {"record_words", m.record_words}};
+  const BytesPerParam &bytes = m.bytes_per_param;
+  j["bytes_per_param"] = {{"param", bytes.param},
+                          {"correction", bytes.correction},
+                          {"grad", bytes.grad},
+                          {"states", bytes.states},
+                          {"total", bytes.total},
+                          {"total_with_grad_release",
+                           bytes.total_with_grad_release}};
+  ordered_json kernels = ordered_json::array();
+  for (const KernelEntry &k : m.kernels) {
+    ordered_json e;
+    e["target"] = k.target;
+    if (k.target == "cpu") {
+      e["cpu"] = k.cpu;
+      e["features"] = k.features;
+    } else {
+      e["threads_per_block"] = k.threads_per_block;
+      e["elements_per_thread"] = k.elements_per_thread;
+      e["registers"] = k.registers;
+      e["spill_stores"] = k.spill_stores;
+      e["spill_loads"] = k.spill_loads;
+      if (!k.cubin.empty())
+        e["cubin"] = k.cubin;
+    }
+    e["file"] = k.file;
+    e["symbol"] = k.symbol;
+    kernels.push_back(e);
+  }
+  j["kernels"] = kernels;
+  j["abi"] = kKernelSignature;
+  return j.dump(2) + "\n";
+}
+
+} // namespace flashopt::abi

@@ -1,0 +1,81 @@
+//===- CpuBundle.h - Loading a bundle's CPU kernel --------------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// `Bundle::load`: reads a bundle's manifest (abi/Manifest.h), picks the
+/// first CPU kernel whose features this host supports (or the one named by
+/// `LoadOptions::cpu` / the FLASHOPT_CPU environment variable), dlopens it
+/// and resolves its step symbol (docs/KERNEL-ABI.md). The CPU features come
+/// from the ABI library's one list (abi/CpuFeatures.def).
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_HOST_CPUBUNDLE_H
+#define FLASHOPT_HOST_CPUBUNDLE_H
+
+#include "flashopt/host/Abi.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flashopt::host {
+
+using KernelFn = void (*)(const int64_t *table, int64_t ntensors,
+                          const float *hypers, int64_t step,
+                          int64_t group_begin, int64_t group_end);
+
+/// Whether this host supports a CPU feature named as in the manifest
+/// ("avx2", "fma", "f16c", "bmi2", "avx512f", ...). Unknown names: false.
+bool host_supports_feature(std::string_view feature);
+
+struct LoadOptions {
+  /// Force this CPU flavour ("x86-64"); "" picks the best supported one.
+  std::string cpu;
+  /// When `cpu` is empty, honour the FLASHOPT_CPU environment variable.
+  bool use_env = true;
+};
+
+/// A loaded bundle: its manifest and one dlopen'ed CPU kernel. Shared by the
+/// optimizers created from it; the library is closed with the last one.
+class Bundle {
+public:
+  /// Loads the bundle directory `dir` (holding manifest.json).
+  static Expected<std::shared_ptr<Bundle>> load(const std::string &dir,
+                                                const LoadOptions &opts = {});
+  ~Bundle();
+  Bundle(const Bundle &) = delete;
+  Bundle &operator=(const Bundle &) = delete;
+
+  const std::string &dir() const { return dir_; }
+  const Manifest &manifest() const { return manifest_; }
+  /// The kernel entry chosen.
+  const KernelEntry &kernel() const { return manifest_.kernels[kernel_index_]; }
+  /// Full path of the loaded shared object.
+  const std::string &kernel_path() const { return kernel_path_; }
+  KernelFn fn() const { return fn_; }
+  /// Looks up another symbol of the loaded object (tests); nullptr if absent.
+  void *symbol(const std::string &name) const;
+
+private:
+  Bundle() = default;
+  std::string dir_;
+  Manifest manifest_;
+  size_t kernel_index_ = 0;
+  std::string kernel_path_;
+  void *handle_ = nullptr;
+  KernelFn fn_ = nullptr;
+};
+
+/// The subdirectories of `dir` that hold a manifest.json (bundle names),
+/// sorted; empty when `dir` cannot be read.
+std::vector<std::string> list_bundles(const std::string &dir);
+
+} // namespace flashopt::host
+
+#endif // FLASHOPT_HOST_CPUBUNDLE_H

@@ -1,0 +1,138 @@
+//===- Optimizer.h - The backend-free optimizer core ------------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// One optimizer over one loaded bundle: param groups (hyper slots),
+/// caller-owned params and grads, runtime-owned correction and state
+/// buffers (one arena per buffer, each tensor's slice at a 64-entry
+/// boundary, zeroed), the tensor and hyper tables, and the step — written
+/// once over a Backend (Backend.h). CpuOptimizer and CudaOptimizer add how
+/// they are created and their device's own knobs; the C ABI, gradient
+/// accumulation, data parallelism and the Python binding all work through
+/// this class.
+///
+/// No exception escapes: fallible calls return `Status` or `Expected<T>`.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_HOST_OPTIMIZER_H
+#define FLASHOPT_HOST_OPTIMIZER_H
+
+#include "flashopt/host/Backend.h"
+#include "flashopt/host/Tables.h"
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace flashopt::host {
+
+class Optimizer {
+public:
+  virtual ~Optimizer();
+  Optimizer(const Optimizer &) = delete;
+  Optimizer &operator=(const Optimizer &) = delete;
+
+  const Manifest &manifest() const;
+  Backend &backend();
+  const Backend &backend() const;
+
+  // ---- param groups (hyper slots) ----------------------------------------
+  /// Adds a param group with the manifest's defaults; returns its slot
+  /// (-1 if memory ran out).
+  int add_param_group();
+  int num_param_groups() const;
+  /// Sets one hyper-parameter of one param group. Unknown names, bad slots,
+  /// non-finite values and nonzero values of a hyper an elided state needs
+  /// at 0 are rejected.
+  Status set_hyper(int param_group, std::string_view name, float value);
+  /// Sets one hyper-parameter in every param group.
+  Status set_hyper_all(std::string_view name, float value);
+  Expected<float> hyper(int param_group, std::string_view name) const;
+  /// The hyper table the kernel reads: slot-major, H floats per slot.
+  const std::vector<float> &hyper_table() const;
+  const HyperTable &hypers() const;
+
+  // ---- tensors -------------------------------------------------------------
+  /// Registers a tensor: `param` (numel elements of the manifest's param
+  /// dtype) and `grad` (of its grad dtype; may be null until the first step)
+  /// stay caller-owned (host pointers on the CPU, device addresses on CUDA)
+  /// and must outlive their use. Reserves its zeroed correction and state
+  /// slices; nothing is registered on failure. Returns the tensor index.
+  /// Addresses from buffer() may move when a later tensor grows an arena.
+  Expected<int64_t> add_param(int param_group, void *param, int64_t numel,
+                              void *grad);
+  /// Re-points a tensor's gradient (takes effect at the next step).
+  Status set_grad(int64_t tensor, void *grad);
+  /// Re-points a tensor's parameter storage.
+  Status set_param(int64_t tensor, void *param);
+  int64_t num_tensors() const;
+  int64_t total_groups() const;
+  int64_t total_numel() const;
+  const TensorInfo &tensor(int64_t index) const;
+  const std::vector<TensorInfo> &tensors() const;
+  /// Makes the state of every registered tensor addressable now (CUDA
+  /// allocates lazily: else the first step or buffer() does it).
+  Status allocate();
+  /// Buffer `name` (a manifest buffer name: "param", "grad", "correction",
+  /// "exp_avg.codes", ...) of tensor `tensor` (allocating state first).
+  Expected<BufferView> buffer(int64_t tensor, std::string_view name);
+  /// Copies buffer `name` of tensor `tensor` to host memory (after all work
+  /// queued before).
+  Expected<std::vector<uint8_t>> read_buffer(int64_t tensor,
+                                             std::string_view name);
+  /// Overwrites buffer `name` of tensor `tensor` with `bytes` bytes of host
+  /// memory (exactly the buffer's size).
+  Status write_buffer(int64_t tensor, std::string_view name, const void *data,
+                      int64_t bytes);
+  /// The tensor table as last built (CPU: after every change; CUDA: at the
+  /// last launch, when the state became addressable), one or more records
+  /// per tensor of manifest.record_words int64 words.
+  const std::vector<int64_t> &table() const;
+  int64_t num_records() const;
+
+  // ---- stepping ------------------------------------------------------------
+  /// t += 1, then one kernel call over every tensor. Fails (t unchanged) if
+  /// a grad is missing, a hyper without default was never set, or the
+  /// backend fails.
+  Status step();
+  /// Runs the kernel with step number `t` over the tensors `indices` only
+  /// (ascending, distinct); step_count() is unchanged (the caller keeps
+  /// per-tensor counters: gradient release). A contiguous run [a, b) is one
+  /// slice of the table (its records, global groups [first_group(a), end of
+  /// b-1)); any other subset runs on a compacted copy of its records with
+  /// word 1 renumbered from 0. Stepping every tensor this way equals step()
+  /// bit for bit. Fails (nothing run) on a bad index, a missing gradient or
+  /// an incomplete hyper table; an empty subset only checks the hyper table.
+  Status step_tensors(const std::vector<int64_t> &indices, int64_t t);
+  /// Whether every gradient element of tensors `indices` is finite (no NaN
+  /// or +-Inf). Missing gradients and bad indices are skipped.
+  Expected<bool> grads_finite(const std::vector<int64_t> &indices);
+  /// The number of the last step taken (0 before the first).
+  int64_t step_count() const;
+  /// Sets the step counter (checkpoint restore): the next step runs t + 1.
+  void set_step_count(int64_t t);
+  /// Waits for the backend's queue.
+  Status synchronize();
+
+  // ---- memory ----------------------------------------------------------------
+  BytesReport bytes() const;
+
+protected:
+  /// Takes the backend; call init() before use.
+  explicit Optimizer(std::unique_ptr<Backend> backend);
+  /// Checks the manifest and adds param group 0. `who` prefixes errors.
+  Status init(const char *who);
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace flashopt::host
+
+#endif // FLASHOPT_HOST_OPTIMIZER_H

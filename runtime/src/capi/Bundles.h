@@ -1,0 +1,32 @@
+//===- Bundles.h - Optimizers from bundles ---------------------------------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// See Bundles.cpp.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_CAPI_BUNDLES_H
+#define FLASHOPT_CAPI_BUNDLES_H
+
+#include "Objects.h"
+
+namespace flashopt::capi {
+
+/// The optimizer of context `ctx` over the bundle directory `dir`; fails
+/// with NOT_FOUND, UNSUPPORTED, CUDA or FORMAT saying why.
+std::shared_ptr<OptObj> createOptimizer(const std::shared_ptr<ContextObj> &ctx,
+                                        const std::string &dir);
+
+/// The same for an embedded bundle, unpacked into a temporary directory
+/// (removed again once the kernels are loaded).
+std::shared_ptr<OptObj>
+createEmbeddedOptimizer(const std::shared_ptr<ContextObj> &ctx,
+                        const flashopt_embedded_bundle *bundle);
+
+} // namespace flashopt::capi
+
+#endif // FLASHOPT_CAPI_BUNDLES_H

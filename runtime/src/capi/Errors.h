@@ -1,0 +1,75 @@
+//===- Errors.h - How the C ABI reports failure ----------------------------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// Every entry point runs its body in `guard`, which clears the thread-local
+/// last error, turns an ApiError (status + message) into the status and the
+/// message "<function>: <object>: <reason>", and every other exception into
+/// OUT_OF_MEMORY or INTERNAL. Nothing escapes.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_CAPI_ERRORS_H
+#define FLASHOPT_CAPI_ERRORS_H
+
+#include "flashopt/flashopt.h"
+
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace flashopt::capi {
+
+/// Thrown inside the C ABI layer only; caught by guard().
+struct ApiError {
+  flashopt_status status;
+  std::string message;
+};
+
+/// Throws the ApiError that guard() turns into `s` and `message`.
+[[noreturn]] void fail(flashopt_status s, std::string message);
+
+/// The calling thread's last error message (flashopt_last_error).
+std::string &last_error();
+
+/// Runs `body` for entry point `fn`: clears the last error, maps failures to
+/// a status and a message. No exception escapes.
+template <typename F>
+flashopt_status guard(const char *fn, F &&body) noexcept {
+  try {
+    last_error().clear();
+    body();
+    return FLASHOPT_OK;
+  } catch (const ApiError &e) {
+    try {
+      last_error() = std::string(fn) + ": " + e.message;
+    } catch (...) {
+    }
+    return e.status;
+  } catch (const std::bad_alloc &) {
+    try {
+      last_error() = std::string(fn) + ": out of memory";
+    } catch (...) {
+    }
+    return FLASHOPT_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception &e) {
+    try {
+      last_error() = std::string(fn) + ": internal error: " + e.what();
+    } catch (...) {
+    }
+    return FLASHOPT_ERROR_INTERNAL;
+  } catch (...) {
+    try {
+      last_error() = std::string(fn) + ": internal error (unknown exception)";
+    } catch (...) {
+    }
+    return FLASHOPT_ERROR_INTERNAL;
+  }
+}
+
+} // namespace flashopt::capi
+
+#endif // FLASHOPT_CAPI_ERRORS_H

@@ -1,0 +1,137 @@
+//===- Params.cpp - Registering parameters and gradients -------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// The checks of flashopt_add_param(_dlpack) and flashopt_set_grad(_dlpack):
+/// names (unique, no clash between checkpoint tensor names), dtypes, sizes,
+/// alignment, and memory registered once.
+///
+//===----------------------------------------------------------------------===//
+
+#include "Params.h"
+
+namespace flashopt::capi {
+
+std::vector<std::string> tensorNamesOf(const Manifest &m,
+                                       const std::string &name) {
+  std::vector<std::string> out{name};
+  if (m.correction)
+    out.push_back(name + ".correction");
+  for (const StateSpec &s : m.states) {
+    if (s.kind == StateKind::Elided)
+      continue;
+    out.push_back(name + "." + s.name);
+    if (s.kind == StateKind::Quantized) {
+      out.push_back(name + "." + s.name + ".codes");
+      out.push_back(name + "." + s.name + ".scales");
+    }
+  }
+  return out;
+}
+
+void addParam(OptObj &o, int32_t group, const char *cname, void *param,
+              flashopt_dtype pdt, int64_t numel, const void *grad,
+              flashopt_dtype gdt, std::vector<int64_t> shape,
+              int64_t *out_index) {
+  needOut(out_index, "out_index");
+  int64_t index = int64_t(o.params.size());
+  if (cname && !*cname)
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         "parameter " + std::to_string(index) +
+             ": the name is empty (pass NULL for \"p<index>\")");
+  std::string name = cname ? cname : "p" + std::to_string(index);
+  std::string who = "parameter " + quote(name);
+  checkGroup(o, group);
+  if (!param)
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT, who + ": the param pointer is NULL");
+  if (numel <= 0)
+    fail(FLASHOPT_ERROR_SIZE,
+         who + ": numel must be > 0, got " + std::to_string(numel));
+  if (numel > (int64_t(1) << 56))
+    fail(FLASHOPT_ERROR_SIZE,
+         who + ": numel " + std::to_string(numel) + " is too large");
+  const Manifest &m = *o.m;
+  if (!validDtype(pdt) || toHost(pdt) != m.param)
+    fail(FLASHOPT_ERROR_DTYPE, who + ": param dtype is " + dtypeText(pdt) +
+                                   ", but " + m.name + " takes " +
+                                   dtype_name(m.param) + " parameters");
+  if (grad && (!validDtype(gdt) || toHost(gdt) != m.grad))
+    fail(FLASHOPT_ERROR_DTYPE, who + ": grad dtype is " + dtypeText(gdt) +
+                                   ", but " + m.name + " takes " +
+                                   dtype_name(m.grad) + " gradients");
+  if (uintptr_t(param) % 16 != 0 || uintptr_t(grad) % 16 != 0)
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         who + ": the " + (uintptr_t(param) % 16 ? "param" : "grad") +
+             " address is not 16-byte aligned");
+  // Names: unique, and no checkpoint tensor name shared with another
+  // parameter ("w.correction" as a name next to a parameter "w").
+  auto same = o.byName.find(name);
+  if (same != o.byName.end())
+    fail(FLASHOPT_ERROR_ALREADY_EXISTS,
+         who + ": a parameter with this name is already registered (index " +
+             std::to_string(same->second) + ")");
+  std::vector<std::string> names = tensorNamesOf(m, name);
+  for (const std::string &n : names) {
+    auto it = o.tensorNames.find(n);
+    if (it != o.tensorNames.end())
+      fail(FLASHOPT_ERROR_ALREADY_EXISTS, who + ": its checkpoint tensor " +
+                                              quote(n) + " clashes with " +
+                                              o.describe(it->second));
+  }
+  // Memory: the same (or overlapping) param memory is registered once.
+  int64_t bytes = numel * dtype_size(m.param);
+  uintptr_t lo = uintptr_t(param), hi = lo + uintptr_t(bytes);
+  for (size_t i = 0; i < o.params.size(); ++i) {
+    const ParamRec &p = o.params[i];
+    if (lo < p.param + uintptr_t(p.paramBytes) && p.param < hi)
+      fail(FLASHOPT_ERROR_ALREADY_EXISTS,
+           who + ": its param memory " + (lo == p.param ? "is" : "overlaps") +
+               " that of " + o.describe(int64_t(i)) + ", already registered");
+  }
+  Expected<int64_t> r = o.opt->add_param(group, param, numel, const_cast<void *>(grad));
+  if (!r) {
+    const std::string &e = r.error();
+    fail(e.find("out of memory") != std::string::npos
+             ? FLASHOPT_ERROR_OUT_OF_MEMORY
+             : FLASHOPT_ERROR_INTERNAL,
+         who + ": " + e);
+  }
+  ParamRec rec;
+  rec.name = name;
+  rec.numel = numel;
+  rec.group = group;
+  rec.shape = shape.empty() ? std::vector<int64_t>{numel} : std::move(shape);
+  rec.param = lo;
+  rec.paramBytes = bytes;
+  o.params.push_back(std::move(rec));
+  o.byName.emplace(name, index);
+  for (const std::string &n : names)
+    o.tensorNames.emplace(n, index);
+  *out_index = index;
+}
+
+void setGrad(OptObj &o, int64_t index, const void *grad, flashopt_dtype dt,
+             int64_t numel) {
+  checkIndex(o, index);
+  const ParamRec &p = o.params[size_t(index)];
+  std::string who = o.describe(index);
+  if (!validDtype(dt) || toHost(dt) != o.m->grad)
+    fail(FLASHOPT_ERROR_DTYPE, who + ": grad dtype is " + dtypeText(dt) +
+                                   ", but " + o.m->name + " takes " +
+                                   dtype_name(o.m->grad) + " gradients");
+  if (numel != p.numel)
+    fail(FLASHOPT_ERROR_SIZE, who + ": grad has " + std::to_string(numel) +
+                                  " elements, the parameter " +
+                                  std::to_string(p.numel));
+  if (uintptr_t(grad) % 16 != 0)
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         who + ": the grad address is not 16-byte aligned");
+  Status s = o.opt->set_grad(index, const_cast<void *>(grad));
+  if (!s)
+    fail(FLASHOPT_ERROR_INTERNAL, who + ": " + s.message());
+}
+
+} // namespace flashopt::capi

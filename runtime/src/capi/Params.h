@@ -1,0 +1,35 @@
+//===- Params.h - Registering parameters and gradients ---------------------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// See Params.cpp.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_CAPI_PARAMS_H
+#define FLASHOPT_CAPI_PARAMS_H
+
+#include "Objects.h"
+
+namespace flashopt::capi {
+
+/// The checkpoint tensor names of a parameter called `name` (both forms).
+std::vector<std::string> tensorNamesOf(const Manifest &m,
+                                       const std::string &name);
+
+/// Registers a parameter after the common checks.
+void addParam(OptObj &o, int32_t group, const char *cname, void *param,
+              flashopt_dtype pdt, int64_t numel, const void *grad,
+              flashopt_dtype gdt, std::vector<int64_t> shape,
+              int64_t *out_index);
+
+/// Re-points parameter `index`'s gradient after the common checks.
+void setGrad(OptObj &o, int64_t index, const void *grad, flashopt_dtype dt,
+             int64_t numel);
+
+} // namespace flashopt::capi
+
+#endif // FLASHOPT_CAPI_PARAMS_H

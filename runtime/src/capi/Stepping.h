@@ -1,0 +1,34 @@
+//===- Stepping.h - The checks and failures of a step ----------------------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// What flashopt_step and flashopt_step_param check before running and how
+/// a failed step maps to a status.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_CAPI_STEPPING_H
+#define FLASHOPT_CAPI_STEPPING_H
+
+#include "Objects.h"
+
+namespace flashopt::capi {
+
+/// Fails (STATE) unless tensors `idx` have gradients and every hyper
+/// without default was set.
+void checkStepReady(OptObj &o, const std::vector<int64_t> &idx);
+
+/// Fails with the status of a failed step: STATE for an unset
+/// hyper-parameter, else CUDA (GPU) or INTERNAL (CPU).
+[[noreturn]] void stepFailure(OptObj &o, const Status &s);
+
+/// Whether the gradients of `idx` are all finite (UNSUPPORTED where the
+/// backend cannot scan them).
+bool gradsFinite(OptObj &o, const std::vector<int64_t> &idx);
+
+} // namespace flashopt::capi
+
+#endif // FLASHOPT_CAPI_STEPPING_H

@@ -1,0 +1,459 @@
+//===- Optimizer.cpp - The backend-free optimizer core ---------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// The tensor registry, param groups, argument checks, the tensor table and
+/// the step plan, once for every backend. See Optimizer.h and Backend.h.
+///
+/// Exceptions are used inside this file only (allocation) and are always
+/// turned into a Status before returning to the caller.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/host/Optimizer.h"
+
+#include <exception>
+#include <string>
+
+namespace flashopt::host {
+
+Backend::~Backend() = default;
+
+struct Optimizer::Impl {
+  std::unique_ptr<Backend> backend;
+  const Manifest *m = nullptr;
+  int64_t G = 1;
+  size_t B = 0;
+  std::unique_ptr<HyperTable> hypers;
+
+  std::vector<TensorInfo> tensors;
+  std::vector<std::vector<int64_t>> offsets; ///< [tensor][buffer] arena entry
+  int64_t totalGroups = 0, totalNumel = 0;
+
+  /// The host table, its records per tensor, and what it was built from.
+  std::vector<int64_t> table;
+  std::vector<int64_t> recordStart{0}; ///< [tensor] first record; + total
+  int64_t records = 0;
+  uint64_t tableGeneration = 0;
+  bool dirty = false;                ///< tensors changed since the build
+  std::vector<int64_t> builtBases;   ///< arena addresses of the build
+  std::vector<int64_t> compacted;    ///< step_tensors: a subset's records
+  int64_t t = 0;
+
+  bool runtimeOwned(size_t b) const {
+    BufferRole r = m->buffers[b].role;
+    return r == BufferRole::Correction || r == BufferRole::State;
+  }
+
+  /// The address of element/group 0 of buffer b of tensor i.
+  int64_t address(size_t i, size_t b) const {
+    const BufferSpec &spec = m->buffers[b];
+    if (spec.role == BufferRole::Param)
+      return int64_t(reinterpret_cast<uintptr_t>(tensors[i].param));
+    if (spec.role == BufferRole::Grad)
+      return int64_t(reinterpret_cast<uintptr_t>(tensors[i].grad));
+    return backend->arena_address(b) + offsets[i][b] * dtype_size(spec.dtype);
+  }
+
+  std::vector<int64_t> bases() const {
+    std::vector<int64_t> out(B, 0);
+    for (size_t b = 0; b < B; ++b)
+      if (runtimeOwned(b))
+        out[b] = backend->arena_address(b);
+    return out;
+  }
+
+  /// Appends tensor i's records to `out`; returns how many.
+  int64_t appendRecords(size_t i, std::vector<int64_t> &out) const {
+    std::vector<int64_t> addresses(B, 0);
+    for (size_t b = 0; b < B; ++b)
+      addresses[b] = address(i, b);
+    return append_table_records(*m, tensors[i], addresses,
+                                backend->max_record_elements(), out);
+  }
+
+  void rebuild() {
+    table.clear();
+    table.reserve(tensors.size() * size_t(m->record_words));
+    records = 0;
+    recordStart.assign(1, 0);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      records += appendRecords(i, table);
+      recordStart.push_back(records);
+    }
+    builtBases = bases();
+    dirty = false;
+    ++tableGeneration;
+  }
+
+  /// Rebuilds the table if it is stale and the state is addressable.
+  void refresh() {
+    if (!backend->committed())
+      return;
+    if (dirty || builtBases != bases())
+      rebuild();
+  }
+
+  /// A changed param or grad address of tensor i: rewrite its records in
+  /// place when the table is current, else leave it to the next build.
+  void repoint(size_t i) {
+    if (dirty || !backend->committed() || builtBases != bases()) {
+      dirty = true;
+      refresh();
+      return;
+    }
+    std::vector<int64_t> recs;
+    appendRecords(i, recs);
+    std::copy(recs.begin(), recs.end(),
+              table.begin() + recordStart[i] * m->record_words);
+    ++tableGeneration;
+  }
+
+  Status checkTensor(int64_t tensor, const char *who) const {
+    if (tensor < 0 || tensor >= int64_t(tensors.size()))
+      return Status::error(std::string(who) + ": no tensor " +
+                           std::to_string(tensor));
+    return Status::success();
+  }
+
+  /// Makes the state addressable and the table current.
+  Status prepare() {
+    if (Status s = backend->commit(); !s)
+      return s;
+    refresh();
+    return Status::success();
+  }
+};
+
+Optimizer::Optimizer(std::unique_ptr<Backend> backend) : impl_(new Impl()) {
+  Impl &I = *impl_;
+  I.backend = std::move(backend);
+  I.m = &I.backend->manifest();
+  I.G = I.m->group_size;
+  I.B = I.m->buffers.size();
+  I.builtBases.assign(I.B, 0);
+}
+
+Optimizer::~Optimizer() = default;
+
+Status Optimizer::init(const char *who) {
+  Impl &I = *impl_;
+  if (Status ok = HyperTable::check_manifest(*I.m); !ok)
+    return ok;
+  try {
+    I.hypers = std::make_unique<HyperTable>(*I.m);
+  } catch (const std::exception &e) {
+    return Status::error(std::string(who) + ": " + e.what());
+  }
+  if (I.hypers->add_slot() < 0)
+    return Status::error(std::string(who) + ": out of memory");
+  return Status::success();
+}
+
+const Manifest &Optimizer::manifest() const { return *impl_->m; }
+Backend &Optimizer::backend() { return *impl_->backend; }
+const Backend &Optimizer::backend() const { return *impl_->backend; }
+
+// ---- param groups -------------------------------------------------------------
+
+int Optimizer::add_param_group() { return impl_->hypers->add_slot(); }
+int Optimizer::num_param_groups() const { return impl_->hypers->num_slots(); }
+Status Optimizer::set_hyper(int slot, std::string_view name, float value) {
+  return impl_->hypers->set(slot, name, value);
+}
+Status Optimizer::set_hyper_all(std::string_view name, float value) {
+  return impl_->hypers->set_all(name, value);
+}
+Expected<float> Optimizer::hyper(int slot, std::string_view name) const {
+  return impl_->hypers->get(slot, name);
+}
+const std::vector<float> &Optimizer::hyper_table() const {
+  return impl_->hypers->values();
+}
+const HyperTable &Optimizer::hypers() const { return *impl_->hypers; }
+
+// ---- tensors ------------------------------------------------------------------
+
+Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
+                                       void *grad) {
+  Impl &I = *impl_;
+  if (slot < 0 || slot >= I.hypers->num_slots())
+    return Status::error("add_param: param group " + std::to_string(slot) +
+                         " does not exist (there are " +
+                         std::to_string(I.hypers->num_slots()) + ")");
+  if (!param)
+    return Status::error("add_param: null param pointer");
+  if (numel <= 0)
+    return Status::error("add_param: numel must be > 0, got " +
+                         std::to_string(numel));
+  if (Status s = I.backend->check_address("add_param", "param", param); !s)
+    return s;
+  if (Status s = I.backend->check_address("add_param", "grad", grad); !s)
+    return s;
+  try {
+    TensorInfo ti;
+    ti.numel = numel;
+    ti.first_group = I.totalGroups;
+    ti.num_groups = (numel + I.G - 1) / I.G;
+    ti.param_group = slot;
+    ti.param = param;
+    ti.grad = grad;
+    // Everything that can fail comes first, so a failure leaves nothing
+    // registered (arenas may have grown; their extra zeroed space is
+    // harmless).
+    I.tensors.reserve(I.tensors.size() + 1);
+    I.offsets.reserve(I.offsets.size() + 1);
+    I.recordStart.reserve(I.recordStart.size() + 1);
+    std::vector<int64_t> offs(I.B, 0);
+    for (size_t b = 0; b < I.B; ++b)
+      if (I.runtimeOwned(b)) {
+        Expected<int64_t> off = I.backend->reserve(
+            b, I.m->buffers[b].per == Per::Group ? ti.num_groups : numel);
+        if (!off)
+          return Status::error("add_param: " + off.error());
+        offs[b] = *off;
+      }
+    I.tensors.push_back(ti);
+    I.offsets.push_back(std::move(offs));
+    I.totalGroups += ti.num_groups;
+    I.totalNumel += numel;
+    I.dirty = true;
+    I.refresh();
+    return int64_t(I.tensors.size() - 1);
+  } catch (const std::bad_alloc &) {
+    return Status::error("add_param: out of memory registering a tensor of " +
+                         std::to_string(numel) + " elements");
+  } catch (const std::exception &e) {
+    return Status::error(std::string("add_param: ") + e.what());
+  }
+}
+
+Status Optimizer::set_grad(int64_t tensor, void *grad) {
+  Impl &I = *impl_;
+  if (Status s = I.checkTensor(tensor, "set_grad"); !s)
+    return s;
+  if (Status s = I.backend->check_address("set_grad", "grad", grad); !s)
+    return s;
+  TensorInfo &ti = I.tensors[size_t(tensor)];
+  if (ti.grad != grad) {
+    ti.grad = grad;
+    try {
+      I.repoint(size_t(tensor));
+    } catch (const std::exception &e) {
+      I.dirty = true;
+      return Status::error(std::string("set_grad: ") + e.what());
+    }
+  }
+  return Status::success();
+}
+
+Status Optimizer::set_param(int64_t tensor, void *param) {
+  Impl &I = *impl_;
+  if (Status s = I.checkTensor(tensor, "set_param"); !s)
+    return s;
+  if (!param)
+    return Status::error("set_param: null param pointer");
+  if (Status s = I.backend->check_address("set_param", "param", param); !s)
+    return s;
+  TensorInfo &ti = I.tensors[size_t(tensor)];
+  if (ti.param != param) {
+    ti.param = param;
+    try {
+      I.repoint(size_t(tensor));
+    } catch (const std::exception &e) {
+      I.dirty = true;
+      return Status::error(std::string("set_param: ") + e.what());
+    }
+  }
+  return Status::success();
+}
+
+int64_t Optimizer::num_tensors() const { return int64_t(impl_->tensors.size()); }
+int64_t Optimizer::total_groups() const { return impl_->totalGroups; }
+int64_t Optimizer::total_numel() const { return impl_->totalNumel; }
+const TensorInfo &Optimizer::tensor(int64_t i) const {
+  return impl_->tensors[size_t(i)];
+}
+const std::vector<TensorInfo> &Optimizer::tensors() const {
+  return impl_->tensors;
+}
+const std::vector<int64_t> &Optimizer::table() const { return impl_->table; }
+int64_t Optimizer::num_records() const { return impl_->records; }
+
+Status Optimizer::allocate() {
+  try {
+    return impl_->prepare();
+  } catch (const std::exception &e) {
+    return Status::error(std::string("allocate: ") + e.what());
+  }
+}
+
+Expected<BufferView> Optimizer::buffer(int64_t tensor, std::string_view name) {
+  Impl &I = *impl_;
+  if (Status s = I.checkTensor(tensor, "buffer"); !s)
+    return s;
+  Expected<int> found = find_buffer(*I.m, name);
+  if (!found)
+    return found.status();
+  size_t b = size_t(*found);
+  if (I.runtimeOwned(b))
+    if (Status s = allocate(); !s)
+      return s;
+  const BufferSpec &spec = I.m->buffers[b];
+  const TensorInfo &ti = I.tensors[size_t(tensor)];
+  BufferView v;
+  v.data = reinterpret_cast<void *>(uintptr_t(I.address(size_t(tensor), b)));
+  v.dtype = spec.dtype;
+  v.per = spec.per;
+  v.count = spec.per == Per::Group ? ti.num_groups : ti.numel;
+  v.bytes = v.count * dtype_size(spec.dtype);
+  v.runtime_owned = I.runtimeOwned(b);
+  return v;
+}
+
+Expected<std::vector<uint8_t>> Optimizer::read_buffer(int64_t tensor,
+                                                      std::string_view name) {
+  Expected<BufferView> v = buffer(tensor, name);
+  if (!v)
+    return v.status();
+  if (!v->data)
+    return Status::error("read_buffer: tensor " + std::to_string(tensor) +
+                         " has no " + std::string(name) + " buffer yet");
+  try {
+    std::vector<uint8_t> out(size_t(v->bytes));
+    if (Status s = impl_->backend->read(v->data, out.data(), v->bytes); !s)
+      return s;
+    return out;
+  } catch (const std::exception &e) {
+    return Status::error(std::string("read_buffer: ") + e.what());
+  }
+}
+
+Status Optimizer::write_buffer(int64_t tensor, std::string_view name,
+                               const void *data, int64_t bytes) {
+  Expected<BufferView> v = buffer(tensor, name);
+  if (!v)
+    return v.status();
+  if (!v->data)
+    return Status::error("write_buffer: tensor " + std::to_string(tensor) +
+                         " has no " + std::string(name) + " buffer yet");
+  if (v->bytes != bytes)
+    return Status::error("write_buffer: buffer " + std::string(name) +
+                         " of tensor " + std::to_string(tensor) + " holds " +
+                         std::to_string(v->bytes) + " bytes, not " +
+                         std::to_string(bytes));
+  return impl_->backend->write(v->data, data, bytes);
+}
+
+// ---- stepping -----------------------------------------------------------------
+
+Status Optimizer::step() {
+  Impl &I = *impl_;
+  if (Status g = check_all_grads(I.tensors); !g)
+    return g;
+  if (Status s = I.hypers->check_complete(); !s)
+    return s;
+  int64_t t = I.t + 1;
+  if (I.tensors.empty()) {
+    I.t = t;
+    return Status::success();
+  }
+  try {
+    if (Status s = I.prepare(); !s)
+      return s;
+    LaunchRequest r;
+    r.first_record = 0;
+    r.num_records = I.records;
+    r.group_begin = 0;
+    r.group_end = I.totalGroups;
+    r.step = t;
+    if (Status s = I.backend->launch(r, I.table, I.tableGeneration, *I.hypers);
+        !s)
+      return s;
+  } catch (const std::exception &e) {
+    return Status::error(std::string("step: ") + e.what());
+  }
+  I.t = t;
+  return Status::success();
+}
+
+Status Optimizer::step_tensors(const std::vector<int64_t> &indices,
+                               int64_t t) {
+  Impl &I = *impl_;
+  if (Status s = check_step_indices(I.tensors, indices); !s)
+    return s;
+  if (Status s = I.hypers->check_complete(); !s)
+    return s;
+  if (indices.empty())
+    return Status::success();
+  try {
+    if (Status s = I.prepare(); !s)
+      return s;
+    const int64_t R = I.m->record_words;
+    const int64_t a = indices.front(), b = indices.back() + 1;
+    LaunchRequest r;
+    r.step = t;
+    if (b - a == int64_t(indices.size())) {
+      r.first_record = I.recordStart[size_t(a)];
+      r.num_records = I.recordStart[size_t(b)] - I.recordStart[size_t(a)];
+      r.group_begin = I.tensors[size_t(a)].first_group;
+      const TensorInfo &last = I.tensors[size_t(b - 1)];
+      r.group_end = last.first_group + last.num_groups;
+    } else {
+      // Copy the tensors' records, renumbering word 1 from 0.
+      I.compacted.clear();
+      int64_t end = 0, nrec = 0;
+      for (int64_t i : indices) {
+        int64_t delta = end - I.tensors[size_t(i)].first_group;
+        for (int64_t rec = I.recordStart[size_t(i)];
+             rec < I.recordStart[size_t(i) + 1]; ++rec) {
+          const int64_t *w = I.table.data() + rec * R;
+          I.compacted.insert(I.compacted.end(), w, w + R);
+          I.compacted[I.compacted.size() - size_t(R) +
+                      size_t(abi::kRecordFirstGroup)] += delta;
+          ++nrec;
+        }
+        end += I.tensors[size_t(i)].num_groups;
+      }
+      r.use_compacted = true;
+      r.compacted = &I.compacted;
+      r.num_records = nrec;
+      r.group_begin = 0;
+      r.group_end = end;
+    }
+    return I.backend->launch(r, I.table, I.tableGeneration, *I.hypers);
+  } catch (const std::exception &e) {
+    return Status::error(std::string("step: ") + e.what());
+  }
+}
+
+Expected<bool> Optimizer::grads_finite(const std::vector<int64_t> &indices) {
+  const Impl &I = *impl_;
+  try {
+    std::vector<ScanRange> ranges;
+    for (int64_t i : indices) {
+      if (i < 0 || i >= int64_t(I.tensors.size()))
+        continue;
+      const TensorInfo &ti = I.tensors[size_t(i)];
+      if (ti.grad)
+        ranges.push_back({ti.grad, ti.numel});
+    }
+    return I.backend->all_finite(ranges, I.m->grad);
+  } catch (const std::exception &e) {
+    return Status::error(std::string("grads_finite: ") + e.what());
+  }
+}
+
+int64_t Optimizer::step_count() const { return impl_->t; }
+void Optimizer::set_step_count(int64_t t) { impl_->t = t; }
+Status Optimizer::synchronize() { return impl_->backend->synchronize(); }
+
+BytesReport Optimizer::bytes() const {
+  const Impl &I = *impl_;
+  return compute_bytes_report(*I.m, I.tensors, I.backend->allocated_bytes());
+}
+
+} // namespace flashopt::host

@@ -1,0 +1,195 @@
+//===- CpuBundle.cpp - Loading a bundle's CPU kernel -----------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// CPU feature detection (the features of abi/CpuFeatures.def), kernel
+/// choice, dlopen and symbol lookup. See CpuBundle.h.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/host/CpuBundle.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <dlfcn.h>
+#include <exception>
+#include <filesystem>
+#include <optional>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define FLASHOPT_HOST_X86 1
+#endif
+
+namespace flashopt::host {
+
+namespace {
+
+#ifdef FLASHOPT_HOST_X86
+/// CPUID.1:ECX bit `bit` (for features not every compiler's
+/// __builtin_cpu_supports knows).
+bool cpuid1Ecx(unsigned bit) {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d))
+    return false;
+  return (c >> bit) & 1u;
+}
+bool cpuidExt1Ecx(unsigned bit) {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0x80000001u, &a, &b, &c, &d))
+    return false;
+  return (c >> bit) & 1u;
+}
+#endif
+
+} // namespace
+
+bool host_supports_feature(std::string_view f) {
+#ifdef FLASHOPT_HOST_X86
+  __builtin_cpu_init();
+  // Features every compiler's __builtin_cpu_supports knows.
+#define FLASHOPT_CPU_FEATURE_BUILTIN(name)                                     \
+  if (f == name)                                                               \
+    return __builtin_cpu_supports(name) != 0;
+#include "flashopt/abi/CpuFeatures.def"
+  // The others: ask CPUID. F16C instructions use the AVX register state, so
+  // the OS must enable AVX too.
+  if (f == "f16c")
+    return cpuid1Ecx(29) && __builtin_cpu_supports("avx");
+  if (f == "movbe")
+    return cpuid1Ecx(22);
+  if (f == "lzcnt" || f == "abm")
+    return cpuidExt1Ecx(5);
+  return false;
+#else
+  (void)f;
+  return false;
+#endif
+}
+
+namespace {
+std::string quote(const std::string &s) { return "\"" + s + "\""; }
+} // namespace
+
+Bundle::~Bundle() {
+  if (handle_)
+    dlclose(handle_);
+}
+
+void *Bundle::symbol(const std::string &name) const {
+  return handle_ ? dlsym(handle_, name.c_str()) : nullptr;
+}
+
+Expected<std::shared_ptr<Bundle>> Bundle::load(const std::string &dir,
+                                               const LoadOptions &opts) {
+  try {
+    std::string mpath = dir + "/manifest.json";
+    Expected<Manifest> m = load_manifest(mpath);
+    if (!m)
+      return m.status();
+
+    std::string forced = opts.cpu;
+    std::string forcedFrom = "LoadOptions::cpu";
+    if (forced.empty() && opts.use_env) {
+      const char *env = std::getenv("FLASHOPT_CPU");
+      if (env && *env) {
+        forced = env;
+        forcedFrom = "FLASHOPT_CPU";
+      }
+    }
+
+    std::vector<size_t> cpuKernels;
+    std::string targets;
+    for (size_t i = 0; i < m->kernels.size(); ++i) {
+      targets += (targets.empty() ? "" : ", ") + m->kernels[i].target;
+      if (m->kernels[i].target == "cpu")
+        cpuKernels.push_back(i);
+    }
+    if (cpuKernels.empty())
+      return Status::error(mpath + ": field 'kernels': no CPU kernel (targets: " +
+                           (targets.empty() ? std::string("none") : targets) + ")");
+
+    auto missing = [&](const KernelEntry &k) {
+      std::string s;
+      for (const std::string &f : k.features)
+        if (!host_supports_feature(f))
+          s += (s.empty() ? "" : ", ") + f;
+      return s;
+    };
+    std::string available;
+    for (size_t i : cpuKernels)
+      available += (available.empty() ? "" : ", ") + m->kernels[i].cpu;
+
+    std::optional<size_t> chosen;
+    if (!forced.empty()) {
+      for (size_t i : cpuKernels)
+        if (m->kernels[i].cpu == forced) {
+          chosen = i;
+          break;
+        }
+      if (!chosen)
+        return Status::error(mpath + ": no CPU kernel for cpu " + quote(forced) +
+                             " (requested by " + forcedFrom +
+                             "); the bundle has: " + available);
+      std::string lacks = missing(m->kernels[*chosen]);
+      if (!lacks.empty())
+        return Status::error(mpath + ": the " + quote(forced) +
+                             " kernel (requested by " + forcedFrom +
+                             ") needs CPU features this host lacks: " + lacks);
+    } else {
+      std::string why;
+      for (size_t i : cpuKernels) {
+        std::string lacks = missing(m->kernels[i]);
+        if (lacks.empty()) {
+          chosen = i;
+          break;
+        }
+        why += "; " + m->kernels[i].cpu + " needs " + lacks;
+      }
+      if (!chosen)
+        return Status::error(mpath + ": no CPU kernel runs on this host" + why);
+    }
+
+    std::shared_ptr<Bundle> b(new Bundle());
+    b->dir_ = dir;
+    b->manifest_ = std::move(m.value());
+    b->kernel_index_ = *chosen;
+    const KernelEntry &k = b->manifest_.kernels[*chosen];
+    b->kernel_path_ = (!k.file.empty() && k.file[0] == '/') ? k.file
+                                                            : dir + "/" + k.file;
+    dlerror();
+    b->handle_ = dlopen(b->kernel_path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!b->handle_) {
+      const char *e = dlerror();
+      return Status::error(mpath + ": cannot load kernel " + quote(k.file) +
+                           " (cpu " + k.cpu + "): " + (e ? e : "dlopen failed"));
+    }
+    dlerror();
+    void *sym = dlsym(b->handle_, k.symbol.c_str());
+    if (!sym) {
+      const char *e = dlerror();
+      return Status::error(mpath + ": kernel " + quote(k.file) +
+                           " has no symbol " + quote(k.symbol) +
+                           (e ? std::string(" (") + e + ")" : std::string()));
+    }
+    b->fn_ = reinterpret_cast<KernelFn>(sym);
+    return Expected<std::shared_ptr<Bundle>>(std::move(b));
+  } catch (const std::exception &e) {
+    return Status::error(dir + ": " + e.what());
+  }
+}
+
+std::vector<std::string> list_bundles(const std::string &dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto &e : std::filesystem::directory_iterator(dir, ec))
+    if (std::filesystem::is_regular_file(e.path() / "manifest.json", ec))
+      names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+} // namespace flashopt::host
