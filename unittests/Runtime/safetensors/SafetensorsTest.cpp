@@ -5,7 +5,7 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// Tests of runtime/src/Safetensors.cpp: round trips of every dtype with
+/// Tests of runtime/src/safetensors/Safetensors.cpp: round trips of every dtype with
 /// metadata, the header layout, one case per validation error of
 /// File::read (files crafted byte by byte), the atomicity of write_file (a
 /// failed write leaves an existing file byte-identical and no temporary file

@@ -5,7 +5,7 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// Tests of runtime/src/Codec.cpp (docs/NUMERICS.md §1, §2): bit-for-bit
+/// Tests of runtime/src/codec/Codec.cpp (docs/NUMERICS.md §1, §2): bit-for-bit
 /// agreement with the independent scalar reference (test/reference/
 /// flashopt_reference.h) of widen / narrow, the master-weight split
 /// (decode / encode, bf16/f16 x i8/i16) and the group quantization (every

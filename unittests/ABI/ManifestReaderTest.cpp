@@ -1,0 +1,101 @@
+//===- ManifestReaderTest.cpp - Reading manifests ------------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// abi/src/ManifestReader.cpp: the model a manifest parses into, and errors
+/// naming the file and the field for every kind of bad manifest.
+///
+//===----------------------------------------------------------------------===//
+
+#include "RuntimeTestSupport.h"
+
+#include <cmath>
+
+using namespace flashopt::testing;
+
+TEST_CASE("the fake bundle's manifest parses into the expected model") {
+  auto m = load_manifest(kBundle + "/manifest.json");
+  REQUIRE_MESSAGE(m.ok(), m.error());
+  CHECK(m->name == "fake_sgd");
+  CHECK(m->group_size == 32);
+  CHECK(m->param == DType::F32);
+  CHECK_FALSE(m->correction.has_value());
+  CHECK(m->grad == DType::F32);
+  REQUIRE(m->hypers.size() == 2);
+  CHECK(m->hypers[0].name == "lr");
+  CHECK(*m->hypers[0].default_value == doctest::Approx(0.01));
+  CHECK(m->hyper_index("momentum") == 1);
+  CHECK(m->hyper_index("nope") == -1);
+  REQUIRE(m->buffers.size() == 3);
+  CHECK(m->buffers[0].role == BufferRole::Param);
+  CHECK(m->buffers[1].role == BufferRole::Grad);
+  CHECK_FALSE(m->buffers[1].writable);
+  CHECK(m->buffers[2].role == BufferRole::State);
+  CHECK(m->record_words == 7);
+  REQUIRE(m->kernels.size() == 3);
+  CHECK(m->kernels[0].target == "sm_90"); // GPU entries are kept, not loaded
+  CHECK(m->kernels[1].features.size() == 4);
+
+  auto a = parse_manifest(adamwLikeManifest().dump(), "adamw_like");
+  REQUIRE_MESSAGE(a.ok(), a.error());
+  CHECK(*a->correction == DType::I8);
+  CHECK(a->buffers[4].per == Per::Group);
+  CHECK(a->states[1].compand == "sqrt");
+  CHECK(a->computed_bytes_per_param().total == doctest::Approx(7.125));
+}
+
+TEST_CASE("bad manifests give errors naming the file and the field") {
+  auto expectError = [](const json &m, const std::string &needle) {
+    auto r = parse_manifest(m.dump(), "/some/bundle/manifest.json");
+    REQUIRE_FALSE(r.ok());
+    INFO(r.error());
+    CHECK(r.error().rfind("/some/bundle/manifest.json: ", 0) == 0);
+    CHECK(r.error().find(needle) != std::string::npos);
+  };
+  json m = fakeManifest();
+  { json x = m; x.erase("group_size");
+    expectError(x, "field 'group_size': missing"); }
+  { json x = m; x["format"] = "flashopt-bundle";
+    expectError(x, "field 'format': expected \"flashopt-manifest\""); }
+  { json x = m; x["format_version"] = 2;
+    expectError(x, "field 'format_version': unsupported version 2"); }
+  { json x = m; x["group_size"] = 48;
+    expectError(x, "field 'group_size': expected a power of two"); }
+  { json x = m; x["param"]["dtype"] = "f64";
+    expectError(x, "field 'param.dtype': expected one of bf16, f16, f32, got \"f64\""); }
+  { json x = m; x["param"]["correction"] = "i8";
+    expectError(x, "field 'param.correction': an f32 parameter takes no correction"); }
+  { json x = m; x["hypers"][1].erase("name");
+    expectError(x, "field 'hypers[1].name': missing"); }
+  { json x = m; x["hypers"][1]["default"] = "0.9";
+    expectError(x, "field 'hypers[1].default': expected a number or null"); }
+  { json x = m; x["states"][0]["encoding"]["storage"] = "i8";
+    expectError(x, "field 'states[0].encoding.storage': expected one of f32, bf16, f16"); }
+  { json x = m; x["buffers"][2]["dtype"] = "bf16";
+    expectError(x, "field 'buffers[2]': expected buffer \"momentum_buffer\" (f32"); }
+  { json x = m; std::swap(x["buffers"][0], x["buffers"][1]);
+    expectError(x, "field 'buffers[0]': expected buffer \"param\""); }
+  { json x = m; x["buffers"].erase(2);
+    expectError(x, "field 'buffers': has 2 entries, expected 3"); }
+  { json x = m; x["table"]["record_words"] = 10;
+    expectError(x, "field 'table.record_words': expected 7"); }
+  { json x = m; x["bytes_per_param"]["states"] = 2.125;
+    expectError(x, "field 'bytes_per_param.states': is 2.125 but the buffers give 4"); }
+  { json x = m; x["kernels"][1].erase("symbol");
+    expectError(x, "field 'kernels[1].symbol': missing"); }
+  { json x = m; x["kernels"][2]["features"] = "avx2";
+    expectError(x, "field 'kernels[2].features': expected an array"); }
+  { json x = adamwLikeManifest(); x["states"][0]["encoding"]["group"] = 64;
+    expectError(x, "field 'states[0].encoding.group': is 64 but group_size is 32"); }
+  { json x = adamwLikeManifest(); x["states"][1]["encoding"]["compand"] = "softsign";
+    expectError(x, "softsign needs i8 storage"); }
+  auto r = parse_manifest("{\"format\": ", "broken.json");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().rfind("broken.json: invalid JSON", 0) == 0);
+  r = parse_manifest("[1, 2]", "array.json");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().find("top level") != std::string::npos);
+}

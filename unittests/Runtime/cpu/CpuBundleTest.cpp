@@ -1,0 +1,139 @@
+//===- CpuBundleTest.cpp - CPU bundle loading ----------------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// runtime/src/cpu/CpuBundle.cpp: bundle discovery, bad bundles (missing
+/// manifest, object or symbol), and the choice of CPU flavour (best
+/// supported, forced by option or by FLASHOPT_CPU).
+///
+//===----------------------------------------------------------------------===//
+
+#include "RuntimeTestSupport.h"
+
+#include <cmath>
+
+using namespace flashopt::testing;
+
+TEST_CASE("list_bundles finds the directories holding a manifest.json") {
+  namespace fs = std::filesystem;
+  fs::path bundle(FLASHOPT_FAKE_SGD_BUNDLE);
+  fs::path root = fs::temp_directory_path() /
+                  ("flashopt-list-bundles-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "b_second");
+  fs::create_directories(root / "a_first");
+  fs::create_directories(root / "no_manifest");
+  fs::copy_file(bundle / "manifest.json", root / "b_second" / "manifest.json");
+  fs::copy_file(bundle / "manifest.json", root / "a_first" / "manifest.json");
+  std::ofstream(root / "stray.json") << "{}";
+  CHECK(list_bundles(root.string()) ==
+        std::vector<std::string>{"a_first", "b_second"});
+  CHECK(list_bundles((root / "does_not_exist").string()).empty());
+  fs::remove_all(root);
+}
+
+TEST_CASE("bad bundles: missing manifest, missing object, missing symbol") {
+  // No manifest at all.
+  auto b = Bundle::load("/nonexistent/flashopt/bundle", noEnv());
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.error().find("/nonexistent/flashopt/bundle/manifest.json: cannot open") !=
+        std::string::npos);
+  // Invalid manifest through the loader: names the file on disk.
+  json bad = fakeManifest();
+  bad.erase("kernels");
+  std::string dir = makeBundle("no_kernels_field", bad);
+  b = Bundle::load(dir, noEnv());
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.error().find(dir + "/manifest.json: field 'kernels': missing") !=
+        std::string::npos);
+  // Missing shared object.
+  dir = makeBundle("missing_so", fakeManifest(), /*withObjects=*/false);
+  b = Bundle::load(dir, noEnv("x86-64"));
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.error().find("cannot load kernel \"fake_sgd.x86-64.so\"") !=
+        std::string::npos);
+  // Missing symbol.
+  json m = fakeManifest();
+  for (json &k : m["kernels"])
+    k["symbol"] = "no_such_step";
+  dir = makeBundle("missing_symbol", m);
+  b = Bundle::load(dir, noEnv());
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.error().find("has no symbol \"no_such_step\"") != std::string::npos);
+  // Only GPU kernels.
+  m = fakeManifest();
+  m["kernels"] = json::array({m["kernels"][0]});
+  dir = makeBundle("gpu_only", m);
+  b = Bundle::load(dir, noEnv());
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.error().find("no CPU kernel (targets: sm_90)") != std::string::npos);
+  // A CPU kernel needing a feature no host has.
+  m = fakeManifest();
+  m["kernels"] = json::array({m["kernels"][1]});
+  m["kernels"][0]["features"] = json::array({"avx2", "quantum-entanglement"});
+  dir = makeBundle("unsupported", m);
+  b = Bundle::load(dir, noEnv());
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.error().find("no CPU kernel runs on this host; x86-64-v3 needs "
+                       "quantum-entanglement") != std::string::npos);
+  // CpuOptimizer::create passes the error through.
+  auto o = CpuOptimizer::create(dir, noEnv());
+  REQUIRE_FALSE(o.ok());
+  CHECK(o.error().find("quantum-entanglement") != std::string::npos);
+}
+
+TEST_CASE("CPU selection: best supported flavour, forced by option or env") {
+  bool v3 = host_supports_feature("avx2") && host_supports_feature("fma") &&
+            host_supports_feature("f16c") && host_supports_feature("bmi2");
+  CHECK(host_supports_feature("sse2") == true);
+  CHECK_FALSE(host_supports_feature("no-such-feature"));
+
+  auto b = Bundle::load(kBundle, noEnv());
+  REQUIRE_MESSAGE(b.ok(), b.error());
+  CHECK((*b)->kernel().cpu == (v3 ? "x86-64-v3" : "x86-64"));
+  auto cpu = reinterpret_cast<CpuFn>((*b)->symbol("fake_sgd_cpu"));
+  REQUIRE(bool(cpu));
+  CHECK(std::string(cpu()) == (*b)->kernel().cpu);
+
+  auto forced = Bundle::load(kBundle, noEnv("x86-64"));
+  REQUIRE_MESSAGE(forced.ok(), forced.error());
+  CHECK((*forced)->kernel().cpu == "x86-64");
+  CHECK((*forced)->kernel_path() == kBundle + "/fake_sgd.x86-64.so");
+  cpu = reinterpret_cast<CpuFn>((*forced)->symbol("fake_sgd_cpu"));
+  REQUIRE(bool(cpu));
+  CHECK(std::string(cpu()) == "x86-64");
+
+  auto unknown = Bundle::load(kBundle, noEnv("x86-64-v4"));
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.error().find("no CPU kernel for cpu \"x86-64-v4\"") !=
+        std::string::npos);
+  CHECK(unknown.error().find("the bundle has: x86-64-v3, x86-64") !=
+        std::string::npos);
+
+  // The environment variable, and the option winning over it.
+  ::setenv("FLASHOPT_CPU", "x86-64", 1);
+  auto env = Bundle::load(kBundle);
+  ::setenv("FLASHOPT_CPU", "nonsense", 1);
+  auto envBad = Bundle::load(kBundle);
+  LoadOptions opt;
+  opt.cpu = v3 ? "x86-64-v3" : "x86-64";
+  auto optWins = Bundle::load(kBundle, opt);
+  ::unsetenv("FLASHOPT_CPU");
+  REQUIRE_MESSAGE(env.ok(), env.error());
+  CHECK((*env)->kernel().cpu == "x86-64");
+  REQUIRE_FALSE(envBad.ok());
+  CHECK(envBad.error().find("requested by FLASHOPT_CPU") != std::string::npos);
+  REQUIRE(optWins.ok());
+  CHECK((*optWins)->kernel().cpu == opt.cpu);
+
+  // An optimizer over the forced baseline steps like any other.
+  auto o = CpuOptimizer::create(*forced);
+  REQUIRE(o.ok());
+  std::vector<float> p(100, 1.0f), g(100, 1.0f);
+  REQUIRE((*o)->add_param(0, p.data(), 100, g.data()).ok());
+  REQUIRE((*o)->step().ok());
+  CHECK(p[99] == 1.0f - 0.01f);
+}
