@@ -558,18 +558,24 @@ flashopt_status flashopt_memory_report_get(flashopt_optimizer opt,
 // ---- master weights and numerics
 // ---------------------------------------------------
 
+namespace {
+/// Fails unless `index` is a parameter of `numel` elements.
+void checkNumel(const OptObj &o, int64_t index, int64_t numel) {
+  checkIndex(o, index);
+  if (numel != o.params[size_t(index)].numel)
+    fail(FLASHOPT_ERROR_SIZE, o.describe(index) + ": numel " +
+                                  std::to_string(numel) + ", but it has " +
+                                  std::to_string(o.params[size_t(index)].numel));
+}
+} // namespace
+
 flashopt_status flashopt_export_master_f32(flashopt_optimizer opt,
                                            int64_t index, float *out,
                                            int64_t numel) {
   return guard("flashopt_export_master_f32", [&] {
     needOut(out, "out");
     Locked o(opt);
-    checkIndex(*o, index);
-    if (numel != o->params[size_t(index)].numel)
-      fail(FLASHOPT_ERROR_SIZE,
-           o->describe(index) + ": numel " + std::to_string(numel) +
-               ", but it has " +
-               std::to_string(o->params[size_t(index)].numel));
+    checkNumel(*o, index, numel);
     std::vector<float> v = exportMaster(*o, index);
     std::memcpy(out, v.data(), v.size() * sizeof(float));
   });
@@ -581,12 +587,7 @@ flashopt_status flashopt_import_master_f32(flashopt_optimizer opt,
   return guard("flashopt_import_master_f32", [&] {
     needOut(in, "in");
     Locked o(opt);
-    checkIndex(*o, index);
-    if (numel != o->params[size_t(index)].numel)
-      fail(FLASHOPT_ERROR_SIZE,
-           o->describe(index) + ": numel " + std::to_string(numel) +
-               ", but it has " +
-               std::to_string(o->params[size_t(index)].numel));
+    checkNumel(*o, index, numel);
     importMaster(*o, index, in);
   });
 }

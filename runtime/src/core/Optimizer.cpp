@@ -232,41 +232,33 @@ Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
 }
 
 Status Optimizer::set_grad(int64_t tensor, void *grad) {
-  Impl &I = *impl_;
-  if (Status s = I.checkTensor(tensor, "set_grad"); !s)
+  if (Status s = impl_->checkTensor(tensor, "set_grad"); !s)
     return s;
-  if (Status s = I.backend->check_address("set_grad", "grad", grad); !s)
-    return s;
-  TensorInfo &ti = I.tensors[size_t(tensor)];
-  if (ti.grad != grad) {
-    ti.grad = grad;
-    try {
-      I.repoint(size_t(tensor));
-    } catch (const std::exception &e) {
-      I.dirty = true;
-      return Status::error(std::string("set_grad: ") + e.what());
-    }
-  }
-  return Status::success();
+  return repoint(tensor, &TensorInfo::grad, grad, "set_grad", "grad");
 }
 
 Status Optimizer::set_param(int64_t tensor, void *param) {
-  Impl &I = *impl_;
-  if (Status s = I.checkTensor(tensor, "set_param"); !s)
+  if (Status s = impl_->checkTensor(tensor, "set_param"); !s)
     return s;
   if (!param)
     return Status::error("set_param: null param pointer");
-  if (Status s = I.backend->check_address("set_param", "param", param); !s)
+  return repoint(tensor, &TensorInfo::param, param, "set_param", "param");
+}
+
+Status Optimizer::repoint(int64_t tensor, void *TensorInfo::*field,
+                          void *address, const char *who, const char *what) {
+  Impl &I = *impl_;
+  if (Status s = I.backend->check_address(who, what, address); !s)
     return s;
   TensorInfo &ti = I.tensors[size_t(tensor)];
-  if (ti.param != param) {
-    ti.param = param;
-    try {
-      I.repoint(size_t(tensor));
-    } catch (const std::exception &e) {
-      I.dirty = true;
-      return Status::error(std::string("set_param: ") + e.what());
-    }
+  if (ti.*field == address)
+    return Status::success();
+  ti.*field = address;
+  try {
+    I.repoint(size_t(tensor));
+  } catch (const std::exception &e) {
+    I.dirty = true;
+    return Status::error(std::string(who) + ": " + e.what());
   }
   return Status::success();
 }

@@ -251,15 +251,8 @@ CpuOptimizer::create(std::shared_ptr<Bundle> bundle,
                      const OptimizerOptions &opts) {
   if (!bundle)
     return Status::error("CpuOptimizer::create: null bundle");
-  try {
-    std::unique_ptr<CpuOptimizer> o(new CpuOptimizer(
-        std::make_unique<CpuBackend>(std::move(bundle), opts)));
-    if (Status s = o->init("CpuOptimizer::create"); !s)
-      return s;
-    return Expected<std::unique_ptr<CpuOptimizer>>(std::move(o));
-  } catch (const std::exception &e) {
-    return Status::error(std::string("CpuOptimizer::create: ") + e.what());
-  }
+  return create_over<CpuOptimizer, CpuBackend>("CpuOptimizer::create", std::move(bundle),
+                                          opts);
 }
 
 Expected<std::unique_ptr<CpuOptimizer>>

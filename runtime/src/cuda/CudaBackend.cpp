@@ -316,15 +316,8 @@ CudaOptimizer::create(std::shared_ptr<CudaBundle> bundle,
                       const CudaOptimizerOptions &opts) {
   if (!bundle)
     return Status::error("CudaOptimizer::create: null bundle");
-  try {
-    std::unique_ptr<CudaOptimizer> o(new CudaOptimizer(
-        std::make_unique<CudaBackend>(std::move(bundle), opts)));
-    if (Status s = o->init("CudaOptimizer::create"); !s)
-      return s;
-    return Expected<std::unique_ptr<CudaOptimizer>>(std::move(o));
-  } catch (const std::exception &e) {
-    return Status::error(std::string("CudaOptimizer::create: ") + e.what());
-  }
+  return create_over<CudaOptimizer, CudaBackend>("CudaOptimizer::create", std::move(bundle),
+                                          opts);
 }
 
 Expected<std::unique_ptr<CudaOptimizer>>

@@ -76,6 +76,7 @@ public:
   std::vector<Chunk> plan_chunks() const;
 
 private:
+  friend class Optimizer; // create_over
   explicit CpuOptimizer(std::unique_ptr<CpuBackend> backend);
   CpuBackend *cpu_; ///< the backend, owned by the core
 

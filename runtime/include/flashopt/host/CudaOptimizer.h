@@ -80,6 +80,7 @@ public:
   int64_t hyper_uploads() const;
 
 private:
+  friend class Optimizer; // create_over
   explicit CudaOptimizer(std::unique_ptr<CudaBackend> backend);
   CudaBackend *cuda_; ///< the backend, owned by the core
 };

@@ -25,8 +25,11 @@
 #include "flashopt/host/Tables.h"
 
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace flashopt::host {
@@ -128,7 +131,28 @@ protected:
   /// Checks the manifest and adds param group 0. `who` prefixes errors.
   Status init(const char *who);
 
+  /// Creates a `Derived` (a subclass whose constructor takes the backend
+  /// and befriends Optimizer) over a new `BackendT` built from `args`, and
+  /// runs init(); every exception becomes an error prefixed with `who`.
+  template <typename Derived, typename BackendT, typename... Args>
+  static Expected<std::unique_ptr<Derived>> create_over(const char *who,
+                                                        Args &&...args) {
+    try {
+      std::unique_ptr<Derived> o(new Derived(
+          std::make_unique<BackendT>(std::forward<Args>(args)...)));
+      if (Status s = o->init(who); !s)
+        return s;
+      return Expected<std::unique_ptr<Derived>>(std::move(o));
+    } catch (const std::exception &e) {
+      return Status::error(std::string(who) + ": " + e.what());
+    }
+  }
+
 private:
+  /// Points `field` (param or grad) of `tensor` at `address`.
+  Status repoint(int64_t tensor, void *TensorInfo::*field, void *address,
+                 const char *who, const char *what);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
