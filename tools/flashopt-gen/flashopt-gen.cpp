@@ -230,18 +230,7 @@ ManifestInfo describe(Job &job, KernelOp kernel) {
   for (StateOp s : getStates(job.optimizer)) {
     ManifestState ms;
     ms.name = s.getName().str();
-    if (auto q = dyn_cast<QuantAttr>(s.getEncoding())) {
-      ms.kind = "quantized";
-      ms.storage = storageTypeName(q.getStorage());
-      ms.group = q.getGroup();
-      ms.compand = stringifyCompander(q.getCompand()).str();
-      ms.scale = storageTypeName(q.getScale());
-    } else if (auto p = dyn_cast<PlainAttr>(s.getEncoding())) {
-      ms.kind = "plain";
-      ms.storage = storageTypeName(p.getStorage());
-    } else {
-      ms.kind = "elided";
-    }
+    s.getEncoding().describeInManifest(ms);
     if (auto e = s.getElidable())
       ms.elidableIfZero = e->str();
     info.states.push_back(ms);
