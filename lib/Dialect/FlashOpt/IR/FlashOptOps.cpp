@@ -133,8 +133,8 @@ LogicalResult OptimizerOp::verifyRegions() {
                << "\"";
     // The state's own verifier reports an encoding that is not one; this
     // verifier runs before it.
-    auto encoding = dyn_cast_or_null<StateEncodingAttrInterface>(
-        state->getAttr(state.getEncodingAttrName()));
+    auto encoding =
+        dyn_cast_or_null<StateEncodingAttrInterface>(state.getEncodingAttr());
     if (!encoding)
       continue;
     if (std::optional<int64_t> group = encoding.getGroupSize()) {

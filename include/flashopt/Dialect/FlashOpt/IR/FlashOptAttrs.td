@@ -163,4 +163,17 @@ def FlashOpt_BufferAttr : FlashOpt_Attr<"Buffer", "buffer"> {
 }
 
 
+/// A state's encoding: any attribute implementing StateEncodingAttrInterface.
+/// Stored as a plain attribute so that anything else parses and is then
+/// rejected by the verifier with this summary; the getter returns the
+/// interface.
+def FlashOpt_StateEncodingAttr : Attr<
+    CPred<"::llvm::isa<::mlir::flashopt::StateEncodingAttrInterface>($_self)">,
+    "a state encoding (#flashopt.quant, #flashopt.plain, #flashopt.elided or "
+    "another attribute implementing StateEncodingAttrInterface)"> {
+  let returnType = "::mlir::flashopt::StateEncodingAttrInterface";
+  let convertFromStorage =
+      "::llvm::cast<::mlir::flashopt::StateEncodingAttrInterface>($_self)";
+}
+
 #endif // FLASHOPT_ATTRS_TD

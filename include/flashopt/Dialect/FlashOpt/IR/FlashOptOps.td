@@ -124,7 +124,7 @@ def FlashOpt_StateOp : FlashOpt_Op<"state", [HasParent<"OptimizerOp">]> {
     ```
   }];
   let arguments = (ins StrAttr:$name, OptionalAttr<StrAttr>:$elidable,
-                       FlashOpt_StateEncodingInterface:$encoding);
+                       FlashOpt_StateEncodingAttr:$encoding);
   let assemblyFormat = [{
     $name (`elidable` `(` $elidable^ `)`)? `:` $encoding attr-dict
   }];
