@@ -64,16 +64,12 @@ Type storageType(MLIRContext *ctx, spec::Storage s) {
   return parseStorageTypeName(ctx, spec::spelling(s));
 }
 
+/// The dialect's compander of a spec's: the spec spells them as the
+/// dialect's enum does.
 Compander companderOf(spec::Compand c) {
-  switch (c) {
-  case spec::Compand::Softsign:
-    return Compander::softsign;
-  case spec::Compand::Sqrt:
-    return Compander::sqrt;
-  case spec::Compand::None:
-    break;
-  }
-  return Compander::none;
+  std::optional<Compander> compander = symbolizeCompander(spec::spelling(c));
+  assert(compander && "a spec compander the dialect does not know");
+  return *compander;
 }
 
 /// The rule's name for messages.
@@ -82,7 +78,7 @@ std::string ruleName(const spec::Spec &s) {
 }
 
 /// Builds the encoding a per-state entry asks for, or null after reporting.
-Attribute encodingFor(MLIRContext *ctx, const spec::Spec &s,
+StateEncodingAttrInterface encodingFor(MLIRContext *ctx, const spec::Spec &s,
                       const spec::StateSpec &entry, StateOp state,
                       Reporter &rep) {
   if (entry.elided()) {
@@ -114,7 +110,8 @@ Attribute encodingFor(MLIRContext *ctx, const spec::Spec &s,
 }
 
 /// Sets the group size of a rule's quantized encoding to the spec's.
-Attribute withGroup(Attribute enc, const spec::Spec &s) {
+StateEncodingAttrInterface withGroup(StateEncodingAttrInterface enc,
+                                     const spec::Spec &s) {
   if (auto q = dyn_cast<QuantAttr>(enc))
     if (s.groupSize.given || q.getGroup() != int64_t(s.groupSize.value))
       return QuantAttr::get(q.getContext(), q.getStorage(),
@@ -174,7 +171,8 @@ void applySpec(const spec::Spec &s, OptimizerOp op, Reporter &rep) {
                                     quotedList(stateNames) + ")");
         continue;
       }
-      if (Attribute enc = encodingFor(ctx, s, entry, *it, rep))
+      if (StateEncodingAttrInterface enc =
+              encodingFor(ctx, s, entry, *it, rep))
         it->setEncodingAttr(enc);
     }
     break;

@@ -97,6 +97,16 @@ flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
 
 // -----
 
+flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
+  // expected-error @+1 {{attribute 'encoding' failed to satisfy constraint: a state encoding (#flashopt.quant, #flashopt.plain, #flashopt.elided or another attribute implementing StateEncodingAttrInterface)}}
+  flashopt.state "m" : #flashopt.buffer<"m", f32, element, readwrite>
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    flashopt.yield %theta, %m : f32, f32
+  }
+}
+
+// -----
+
 // expected-error @+1 {{buffer name must not be empty}}
 flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"", f32, element, readwrite>]) hypers([]) {
   flashopt.group_body {

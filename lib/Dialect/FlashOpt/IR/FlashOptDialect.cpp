@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptDialect.h"
+#include "flashopt/Dialect/FlashOpt/IR/Companders.h"
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
 
 #include "mlir/IR/Builders.h"
@@ -141,10 +142,11 @@ LogicalResult QuantAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (!isStorageFloatType(scale))
     return emitError() << "scale type must be f16, bf16 or f32, got "
                        << typeString(scale);
-  if (compand == Compander::softsign && !isSignlessInt(storage, 8))
-    return emitError() << "softsign compander needs signed (i8) storage";
-  if (compand == Compander::sqrt && !isUnsignedInt(storage, 8))
-    return emitError() << "sqrt compander needs unsigned (ui8) storage";
+  if (std::optional<bool> needsSigned = getCompanderInfo(compand).signedCodes)
+    if (*needsSigned != isSignlessInt(storage, 8))
+      return emitError() << stringifyCompander(compand) << " compander needs "
+                         << (*needsSigned ? "signed (i8)" : "unsigned (ui8)")
+                         << " storage";
   return success();
 }
 

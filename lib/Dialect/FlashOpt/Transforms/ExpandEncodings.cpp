@@ -7,8 +7,10 @@
 /// \file
 /// Turns `flashopt.optimizer` into target-neutral `flashopt.kernel` IR:
 /// decode → rule → encode per element, with group reductions as
-/// `flashopt.group_max`. Every formula here is docs/NUMERICS.md §1–§2, in
-/// the same order of roundings.
+/// `flashopt.group_max`. The master weight's formulas are here
+/// (docs/NUMERICS.md §1, in the same order of roundings); every state is
+/// decoded and encoded by its StateEncodingAttrInterface (StateEncodings.cpp),
+/// so this pass knows no state encoding by name.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -30,7 +32,7 @@ using namespace mlir::flashopt;
 
 namespace {
 
-/// Emits the arithmetic of the encodings at one insertion point.
+/// Emits the arithmetic of the master-weight encoding at one insertion point.
 class EncodingEmitter {
 public:
   EncodingEmitter(OpBuilder &b, Location loc) : b(b), loc(loc) {}
@@ -46,17 +48,11 @@ public:
   }
 
   /// f32(x) for a narrow float, x for f32.
-  Value widen(Value x) {
-    if (x.getType().isF32())
-      return x;
-    return arith::ExtFOp::create(b, loc, b.getF32Type(), x);
-  }
+  Value widen(Value x) { return emitWidenToF32(b, loc, x); }
 
   /// RTNE narrowing of an f32 to `type` (identity for f32).
   Value narrow(Value x, Type type) {
-    if (type.isF32())
-      return x;
-    return arith::TruncFOp::create(b, loc, type, x);
+    return emitNarrowFromF32(b, loc, x, type);
   }
 
   /// 2^k for an i32 k in [-126, 127], built from its bits (exact).
@@ -125,59 +121,6 @@ public:
     return {narrowValue, rho};
   }
 
-  /// Dequantize one code (signless i8 holding i8 or ui8 bits).
-  Value dequantize(Value code, Value scale, QuantAttr enc) {
-    Value t0 = enc.isSigned()
-                   ? arith::SIToFPOp::create(b, loc, b.getF32Type(), code)
-                         .getResult()
-                   : arith::UIToFPOp::create(b, loc, b.getF32Type(), code)
-                         .getResult();
-    Value t = arith::DivFOp::create(b, loc, t0, f32(enc.getMaxCode()));
-    Value n = t;
-    if (enc.getCompand() == Compander::softsign) {
-      Value absT = math::AbsFOp::create(b, loc, t);
-      Value den = arith::SubFOp::create(b, loc, f32(2.0), absT);
-      n = arith::DivFOp::create(b, loc, t, den);
-    }
-    Value x = arith::MulFOp::create(b, loc, n, widen(scale));
-    if (enc.getCompand() == Compander::sqrt)
-      x = arith::MulFOp::create(b, loc, x, x);
-    return x;
-  }
-
-  /// Quantize: returns (code as signless i8, scale in the scale type).
-  std::pair<Value, Value> quantize(Value x, QuantAttr enc) {
-    Value y = x;
-    if (enc.getCompand() == Compander::sqrt)
-      y = math::SqrtOp::create(b, loc, x);
-    Value absY = math::AbsFOp::create(b, loc, y);
-    Value amax = GroupMaxOp::create(b, loc, absY);
-    Value a = arith::MaximumFOp::create(b, loc, amax, f32(1e-12));
-    Value scale = narrow(a, enc.getScale());
-    Value n = arith::DivFOp::create(b, loc, y, a);
-    Value t = n;
-    if (enc.getCompand() == Compander::softsign) {
-      Value twoN = arith::MulFOp::create(b, loc, f32(2.0), n);
-      Value absN = math::AbsFOp::create(b, loc, n);
-      Value den = arith::AddFOp::create(b, loc, f32(1.0), absN);
-      t = arith::DivFOp::create(b, loc, twoN, den);
-    }
-    double maxCode = enc.getMaxCode();
-    Value scaled = arith::MulFOp::create(b, loc, t, f32(maxCode));
-    Value half = arith::AddFOp::create(b, loc, scaled, f32(0.5));
-    Value f = math::FloorOp::create(b, loc, half);
-    Value lo = arith::MaximumFOp::create(b, loc, f,
-                                         f32(enc.isSigned() ? -maxCode : 0.0));
-    Value clamped = arith::MinimumFOp::create(b, loc, lo, f32(maxCode));
-    Value isNan = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, f, f);
-    Value q = arith::SelectOp::create(b, loc, isNan, f32(0.0), clamped);
-    Type i8 = b.getI8Type();
-    Value code = enc.isSigned()
-                     ? arith::FPToSIOp::create(b, loc, i8, q).getResult()
-                     : arith::FPToUIOp::create(b, loc, i8, q).getResult();
-    return {code, scale};
-  }
-
 private:
   OpBuilder &b;
   Location loc;
@@ -188,8 +131,9 @@ private:
 struct BufferPlan {
   SmallVector<Attribute> buffers;
   int64_t param = -1, correction = -1, grad = -1;
-  /// Per state: {codes, scales} for quantized, {plain, -1}, or {-1, -1}.
-  SmallVector<std::pair<int64_t, int64_t>> states;
+  /// Per state: its kernel buffers, in the order of its encoding's
+  /// getBuffers() (none for an encoding that stores nothing).
+  SmallVector<SmallVector<int64_t, 2>> states;
   int64_t groupSize = 32;
 
   int64_t add(MLIRContext *ctx, StringRef name, Type type, BufferRate rate,
@@ -211,21 +155,14 @@ BufferPlan planBuffers(OptimizerOp op) {
   plan.grad = plan.add(ctx, "grad", op.getGrad(), BufferRate::element,
                        BufferAccess::read);
   for (StateOp state : getStates(op)) {
-    std::string name = state.getName().str();
-    if (auto q = dyn_cast<QuantAttr>(state.getEncoding())) {
-      plan.groupSize = q.getGroup();
-      int64_t codes = plan.add(ctx, name + ".codes", q.getStorage(),
-                               BufferRate::element, BufferAccess::readwrite);
-      int64_t scales = plan.add(ctx, name + ".scales", q.getScale(),
-                                BufferRate::group, BufferAccess::readwrite);
-      plan.states.push_back({codes, scales});
-    } else if (auto p = dyn_cast<PlainAttr>(state.getEncoding())) {
-      int64_t buf = plan.add(ctx, name, p.getStorage(), BufferRate::element,
-                             BufferAccess::readwrite);
-      plan.states.push_back({buf, -1});
-    } else {
-      plan.states.push_back({-1, -1});
-    }
+    StateEncodingAttrInterface encoding = state.getEncoding();
+    if (std::optional<int64_t> group = encoding.getGroupSize())
+      plan.groupSize = *group;
+    SmallVector<int64_t, 2> &indices = plan.states.emplace_back();
+    for (const EncodingBuffer &buffer : encoding.getBuffers())
+      indices.push_back(plan.add(ctx, (state.getName() + buffer.suffix).str(),
+                                 buffer.storage, buffer.rate,
+                                 BufferAccess::readwrite));
   }
   return plan;
 }
@@ -273,8 +210,11 @@ LogicalResult expandOptimizer(OptimizerOp op) {
   OpBuilder gb = OpBuilder::atBlockEnd(bodyBlock);
   EncodingEmitter em(gb, loc);
 
+  auto bufferAt = [&](int64_t buffer) {
+    return cast<BufferAttr>(plan.buffers[buffer]);
+  };
   auto load = [&](int64_t buffer) -> Value {
-    Type t = accessType(cast<BufferAttr>(plan.buffers[buffer]).getElementType());
+    Type t = accessType(bufferAt(buffer).getElementType());
     return LoadElementOp::create(gb, loc, t, buffer);
   };
 
@@ -289,16 +229,18 @@ LogicalResult expandOptimizer(OptimizerOp op) {
   Value grad = em.widen(load(plan.grad));
   SmallVector<Value> decodedStates;
   SmallVector<StateOp> states = getStates(op);
-  for (auto [state, bufs] : llvm::zip(states, plan.states)) {
-    if (auto q = dyn_cast<QuantAttr>(state.getEncoding())) {
-      Value code = load(bufs.first);
-      Value scale = LoadGroupOp::create(gb, loc, q.getScale(), bufs.second);
-      decodedStates.push_back(em.dequantize(code, scale, q));
-    } else if (isa<PlainAttr>(state.getEncoding())) {
-      decodedStates.push_back(em.widen(load(bufs.first)));
-    } else {
-      decodedStates.push_back(em.f32(0.0));
+  for (auto [state, buffers] : llvm::zip(states, plan.states)) {
+    SmallVector<Value> loaded;
+    for (int64_t buffer : buffers) {
+      BufferAttr attr = bufferAt(buffer);
+      loaded.push_back(attr.getRate() == BufferRate::group
+                           ? LoadGroupOp::create(gb, loc, attr.getElementType(),
+                                                 buffer)
+                                 .getResult()
+                           : load(buffer));
     }
+    decodedStates.push_back(
+        state.getEncoding().emitDecode(gb, loc, loaded));
   }
 
   // Inline the rule.
@@ -324,16 +266,23 @@ LogicalResult expandOptimizer(OptimizerOp op) {
     StoreElementOp::create(gb, loc, plan.param,
                            em.narrow(results[0], paramType));
   }
+  // Per-group values are stored before per-element ones (the order the
+  // kernel IR has always had).
   for (auto [i, state] : llvm::enumerate(states)) {
-    Value value = results[i + 1];
-    auto bufs = plan.states[i];
-    if (auto q = dyn_cast<QuantAttr>(state.getEncoding())) {
-      auto [code, scale] = em.quantize(value, q);
-      StoreGroupOp::create(gb, loc, bufs.second, scale);
-      StoreElementOp::create(gb, loc, bufs.first, code);
-    } else if (auto p = dyn_cast<PlainAttr>(state.getEncoding())) {
-      StoreElementOp::create(gb, loc, bufs.first,
-                             em.narrow(value, p.getStorage()));
+    SmallVector<Value> stored =
+        state.getEncoding().emitEncode(gb, loc, results[i + 1]);
+    ArrayRef<int64_t> buffers = plan.states[i];
+    assert(stored.size() == buffers.size() &&
+           "an encoding stores one value per buffer");
+    for (BufferRate rate : {BufferRate::group, BufferRate::element}) {
+      for (auto [buffer, value] : llvm::zip(buffers, stored)) {
+        if (bufferAt(buffer).getRate() != rate)
+          continue;
+        if (rate == BufferRate::group)
+          StoreGroupOp::create(gb, loc, buffer, value);
+        else
+          StoreElementOp::create(gb, loc, buffer, value);
+      }
     }
   }
 

@@ -10,6 +10,7 @@
 include "flashopt/Dialect/FlashOpt/IR/FlashOptDialect.td"
 include "mlir/IR/EnumAttr.td"
 include "mlir/IR/BuiltinAttributeInterfaces.td"
+include "flashopt/Dialect/FlashOpt/IR/StateEncodingInterface.td"
 
 //===----------------------------------------------------------------------===//
 // Enums
@@ -75,7 +76,16 @@ def FlashOpt_MasterAttr : FlashOpt_Attr<"Master", "master"> {
   }];
 }
 
-def FlashOpt_QuantAttr : FlashOpt_Attr<"Quant", "quant"> {
+/// An encoding of optimizer states: implements StateEncodingAttrInterface
+/// (in lib/Dialect/FlashOpt/IR/StateEncodings.cpp).
+class FlashOpt_StateEncoding<string name, string attrMnemonic,
+                             list<string> overriddenMethods = []>
+    : FlashOpt_Attr<name, attrMnemonic, [
+        DeclareAttrInterfaceMethods<FlashOpt_StateEncodingInterface,
+                                    overriddenMethods>]>;
+
+def FlashOpt_QuantAttr
+    : FlashOpt_StateEncoding<"Quant", "quant", ["getGroupSize"]> {
   let summary = "An 8-bit companded state with one scale per group";
   let description = [{
     Codes in `i8` (signed, 127 levels each side) or `ui8` (unsigned, 255
@@ -105,7 +115,7 @@ def FlashOpt_QuantAttr : FlashOpt_Attr<"Quant", "quant"> {
   }];
 }
 
-def FlashOpt_PlainAttr : FlashOpt_Attr<"Plain", "plain"> {
+def FlashOpt_PlainAttr : FlashOpt_StateEncoding<"Plain", "plain"> {
   let summary = "A state stored as plain floats";
   let description = [{
     The state is stored element by element as `f32`, `bf16` or `f16`
@@ -120,7 +130,7 @@ def FlashOpt_PlainAttr : FlashOpt_Attr<"Plain", "plain"> {
   let genVerifyDecl = 1;
 }
 
-def FlashOpt_ElidedAttr : FlashOpt_Attr<"Elided", "elided"> {
+def FlashOpt_ElidedAttr : FlashOpt_StateEncoding<"Elided", "elided"> {
   let summary = "A state that is not stored at all";
   let description = [{
     The state reads as 0.0 on every step and its new value is discarded.
@@ -152,7 +162,18 @@ def FlashOpt_BufferAttr : FlashOpt_Attr<"Buffer", "buffer"> {
   let genVerifyDecl = 1;
 }
 
-def FlashOpt_StateEncodingAttr : AnyAttrOf<[FlashOpt_QuantAttr, FlashOpt_PlainAttr,
-                                            FlashOpt_ElidedAttr]>;
+
+/// A state's encoding: any attribute implementing StateEncodingAttrInterface.
+/// Stored as a plain attribute so that anything else parses and is then
+/// rejected by the verifier with this summary; the getter returns the
+/// interface.
+def FlashOpt_StateEncodingAttr : Attr<
+    CPred<"::llvm::isa<::mlir::flashopt::StateEncodingAttrInterface>($_self)">,
+    "a state encoding (#flashopt.quant, #flashopt.plain, #flashopt.elided or "
+    "another attribute implementing StateEncodingAttrInterface)"> {
+  let returnType = "::mlir::flashopt::StateEncodingAttrInterface";
+  let convertFromStorage =
+      "::llvm::cast<::mlir::flashopt::StateEncodingAttrInterface>($_self)";
+}
 
 #endif // FLASHOPT_ATTRS_TD

@@ -5,7 +5,8 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// The flashopt dialect, its enums and its encoding attributes.
+/// The flashopt dialect, its enums and its encoding attributes (the state
+/// encodings implement StateEncodingAttrInterface).
 ///
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +21,7 @@
 
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptDialect.h.inc"
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptEnums.h.inc"
+#include "flashopt/Dialect/FlashOpt/IR/StateEncodingInterface.h"
 
 #define GET_ATTRDEF_CLASSES
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptAttrs.h.inc"

@@ -113,7 +113,8 @@ def FlashOpt_StateOp : FlashOpt_Op<"state", [HasParent<"OptimizerOp">]> {
   let description = [{
     Declares a per-element state of the optimizer. States are passed to the
     update rule in declaration order, after the master weight and the
-    gradient. The encoding is `#flashopt.quant<...>`, `#flashopt.plain<...>`
+    gradient. The encoding is any attribute implementing
+    StateEncodingAttrInterface: `#flashopt.quant<...>`, `#flashopt.plain<...>`
     or `#flashopt.elided` (only for states marked `elidable(hyper)`: such a
     state may be dropped when that hyper-parameter is 0).
 

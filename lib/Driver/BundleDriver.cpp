@@ -1,0 +1,460 @@
+//===- BundleDriver.cpp - specs to kernels and bundles --------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// Loading inputs, the emit stages and the bundle build of flashopt-gen, over
+/// the named pipelines (buildCPUPipeline, buildGPUPipeline).
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/Driver/BundleDriver.h"
+
+#include "flashopt/Conversion/Passes.h"
+#include "flashopt/Dialect/FlashOpt/IR/StateEncodingInterface.h"
+#include "flashopt/Dialect/FlashOpt/Transforms/Passes.h"
+#include "flashopt/Spec/Spec.h"
+#include "flashopt/Spec/SpecToDialect.h"
+#include "flashopt/Target/PTX.h"
+
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
+
+#include "llvm/ADT/ScopeExit.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/SourceMgr.h"
+
+using namespace mlir;
+using namespace mlir::flashopt;
+using namespace ::flashopt;
+using namespace ::flashopt::driver;
+
+char ReportedError::ID = 0;
+
+namespace {
+
+llvm::Error makeError(const llvm::Twine &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
+}
+
+std::string hex64(uint64_t v) {
+  return llvm::utohexstr(v, /*LowerCase=*/true, /*Width=*/16);
+}
+
+OwningOpRef<ModuleOp> cloneModule(const CompileJob &job) {
+  return OwningOpRef<ModuleOp>(cast<ModuleOp>(job.module.get()->clone()));
+}
+
+LogicalResult runPasses(ModuleOp module,
+                        llvm::function_ref<void(OpPassManager &)> build) {
+  PassManager pm(module->getContext());
+  build(pm);
+  return pm.run(module);
+}
+
+llvm::Error writeFile(const std::string &path, llvm::StringRef data) {
+  std::error_code ec;
+  llvm::raw_fd_ostream os(path, ec);
+  if (ec)
+    return llvm::createStringError(ec, "cannot write " + path + ": " +
+                                           ec.message());
+  os << data;
+  os.close();
+  if (os.has_error())
+    return llvm::createStringError(os.error(), "cannot write " + path);
+  return llvm::Error::success();
+}
+
+/// Whether a CPU flavour has a hardware FMA (then flashopt-exact-int-division
+/// runs for it; see flashopt-cpu-pipeline{fma}).
+bool cpuHasFMA(const target::HostCPU &cpu) {
+  return llvm::is_contained(cpu.requires_, "fma");
+}
+
+/// Loads an optimizer dialect file (each flashopt.optimizer becomes a job).
+llvm::Expected<std::vector<CompileJob>>
+loadDialectInput(MLIRContext &ctx, llvm::StringRef path,
+                 llvm::raw_ostream &diagnostics) {
+  std::string error;
+  auto file = openInputFile(path, &error);
+  if (!file)
+    return makeError(error);
+  uint64_t hash = spec::fnv1a64(file->getBuffer());
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
+  SourceMgrDiagnosticHandler handler(sourceMgr, &ctx, diagnostics);
+  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
+  if (!module)
+    return llvm::make_error<ReportedError>();
+  auto optimizers = llvm::to_vector(module->getOps<OptimizerOp>());
+  if (optimizers.empty())
+    return makeError(path + ": no flashopt.optimizer found");
+  std::vector<CompileJob> jobs;
+  for (OptimizerOp op : optimizers) {
+    CompileJob job;
+    job.module = ModuleOp::create(UnknownLoc::get(&ctx));
+    job.optimizer = cast<OptimizerOp>(op->clone());
+    job.module->push_back(job.optimizer);
+    job.specPath = path.str();
+    job.specHash = "fnv1a64:" + hex64(hash);
+    job.rule = ("file:" + llvm::sys::path::filename(path)).str();
+    job.targets = {"cpu"};
+    jobs.push_back(std::move(job));
+  }
+  return jobs;
+}
+
+/// Loads a spec applied to its rule.
+llvm::Expected<std::vector<CompileJob>>
+loadSpecInput(MLIRContext &ctx, llvm::StringRef path,
+              llvm::raw_ostream &diagnostics) {
+  auto loaded = spec::loadSpecAsOptimizer(ctx, path.str(), diagnostics);
+  if (!loaded)
+    return llvm::make_error<ReportedError>();
+  CompileJob job;
+  job.module = std::move(loaded->module);
+  job.optimizer = *job.module->getOps<OptimizerOp>().begin();
+  job.specPath = path.str();
+  job.specHash = loaded->specHash;
+  job.rule = loaded->rule;
+  job.description = loaded->description;
+  job.targets = loaded->targets;
+  std::vector<CompileJob> jobs;
+  jobs.push_back(std::move(job));
+  return jobs;
+}
+
+/// Expands the encodings of a copy of `job`.
+llvm::Expected<OwningOpRef<ModuleOp>> expandEncodings(const CompileJob &job) {
+  OwningOpRef<ModuleOp> module = cloneModule(job);
+  if (failed(runPasses(*module, [](OpPassManager &pm) {
+        pm.addPass(createFlashOptExpandEncodings());
+      })))
+    return makeError("expanding " + job.getName() + " failed");
+  return module;
+}
+
+/// A copy of `job` through flashopt-cpu-pipeline for `cpu`.
+llvm::Expected<OwningOpRef<ModuleOp>>
+lowerToHostLLVM(const CompileJob &job, const target::HostCPU &cpu,
+                llvm::StringRef failureMessage) {
+  OwningOpRef<ModuleOp> module = cloneModule(job);
+  bool fma = cpuHasFMA(cpu);
+  if (failed(runPasses(
+          *module, [fma](OpPassManager &pm) { buildCPUPipeline(pm, fma); })))
+    return makeError(failureMessage);
+  return module;
+}
+
+std::string lowerToLLVMFailed(const CompileJob &job) {
+  return ("lowering " + job.getName() + " to LLVM failed").str();
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Inputs and targets
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<std::vector<CompileJob>>
+driver::loadInput(MLIRContext &ctx, llvm::StringRef path,
+                  llvm::raw_ostream &diagnostics) {
+  return path.ends_with(".mlir") ? loadDialectInput(ctx, path, diagnostics)
+                                 : loadSpecInput(ctx, path, diagnostics);
+}
+
+llvm::Error driver::verifyJob(const CompileJob &job) {
+  if (failed(verify(job.module.get())))
+    return llvm::make_error<ReportedError>();
+  return llvm::Error::success();
+}
+
+llvm::Expected<std::vector<std::string>>
+driver::resolveTargets(const CompileJob &job, const DriverOptions &options) {
+  std::vector<std::string> targets =
+      options.targets ? *options.targets : job.targets;
+  for (const std::string &t : targets)
+    if (t != "cpu" && !target::isSupportedChip(t))
+      return makeError("unknown target '" + t +
+                       "' (supported: cpu, sm_80, sm_90, sm_100)");
+  return targets;
+}
+
+std::vector<target::HostCPU>
+driver::resolveHostCPUs(const DriverOptions &options) {
+  return options.cpus ? *options.cpus : target::defaultHostCPUs();
+}
+
+//===----------------------------------------------------------------------===//
+// Emit stages
+//===----------------------------------------------------------------------===//
+
+std::string driver::emitOptimizerText(const CompileJob &job) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  job.module.get().print(os);
+  return text;
+}
+
+llvm::Expected<std::string> driver::emitKernelIRText(const CompileJob &job) {
+  auto module = expandEncodings(job);
+  if (!module)
+    return module.takeError();
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  (*module)->print(os);
+  return text;
+}
+
+llvm::Expected<std::string>
+driver::emitHostLLVMIRText(const CompileJob &job, const target::HostCPU &cpu) {
+  auto module = lowerToHostLLVM(job, cpu, lowerToLLVMFailed(job));
+  if (!module)
+    return module.takeError();
+  return target::emitHostLLVMIR(**module, cpu, /*optimize=*/true);
+}
+
+llvm::Expected<std::string>
+driver::emitHostObjectFile(const CompileJob &job, const target::HostCPU &cpu) {
+  auto module = lowerToHostLLVM(job, cpu, lowerToLLVMFailed(job));
+  if (!module)
+    return module.takeError();
+  return target::emitHostObject(**module, cpu);
+}
+
+llvm::Expected<std::string> driver::emitPTXText(const CompileJob &job,
+                                                llvm::StringRef chip,
+                                                const DriverOptions &options) {
+  OwningOpRef<ModuleOp> module = cloneModule(job);
+  GPUPipelineOptions gpu;
+  gpu.chip = chip.str();
+  gpu.ftz = options.ftz;
+  gpu.tritonCompat = options.tritonCompat;
+  gpu.bytesPerThread = options.gpuBytesPerThread;
+  if (failed(runPasses(*module,
+                       [&](OpPassManager &pm) { buildGPUPipeline(pm, gpu); })))
+    return makeError("lowering " + job.getName() + " for " + chip + " failed");
+  return target::serializeToPTX(*module, options.tritonCompat);
+}
+
+//===----------------------------------------------------------------------===//
+// Bundles
+//===----------------------------------------------------------------------===//
+
+ManifestInfo driver::describeBundle(const CompileJob &job, KernelOp kernel) {
+  ManifestInfo info;
+  info.name = kernel.getSymName().str();
+  info.specPath = job.specPath;
+  info.specHash = job.specHash;
+  info.rule = job.rule;
+  info.description = job.description;
+  info.groupSize = kernel.getGroupSize();
+  OptimizerOp optimizer = job.optimizer;
+  MasterAttr master = optimizer.getParam();
+  info.paramDtype = storageTypeName(master.getParamType());
+  info.correction =
+      master.hasCorrection() ? storageTypeName(master.getCorrection()) : "none";
+  info.gradDtype = storageTypeName(optimizer.getGrad());
+  for (HyperOp h : getHypers(kernel)) {
+    ManifestHyper mh;
+    mh.name = h.getName().str();
+    if (auto d = h.getDefaultValueAttr())
+      mh.defaultValue = d.getValueAsDouble();
+    info.hypers.push_back(mh);
+  }
+  for (StateOp s : getStates(optimizer)) {
+    ManifestState ms;
+    ms.name = s.getName().str();
+    s.getEncoding().describeInManifest(ms);
+    if (auto e = s.getElidable())
+      ms.elidableIfZero = e->str();
+    info.states.push_back(ms);
+  }
+  for (Attribute a : kernel.getBuffers()) {
+    auto b = cast<BufferAttr>(a);
+    info.buffers.push_back({b.getName().str(),
+                            storageTypeName(b.getElementType()),
+                            b.getRate() == BufferRate::group,
+                            b.getAccess() == BufferAccess::readwrite});
+  }
+  return info;
+}
+
+llvm::Expected<BundleResult>
+driver::buildBundle(const CompileJob &job,
+                    const std::vector<std::string> &targets,
+                    const DriverOptions &options) {
+  std::string name = job.getName().str();
+  auto kernelModule = expandEncodings(job);
+  if (!kernelModule)
+    return kernelModule.takeError();
+  KernelOp kernel = *(*kernelModule)->getOps<KernelOp>().begin();
+  ManifestInfo info = describeBundle(job, kernel);
+
+  const std::string &outputDir = options.outputDir;
+  llvm::SmallString<256> finalDir(outputDir);
+  llvm::sys::path::append(finalDir, name);
+  llvm::SmallString<256> tmpDir(outputDir);
+  llvm::sys::path::append(tmpDir, "." + name + ".tmp");
+  if (std::error_code ec = llvm::sys::fs::create_directories(outputDir))
+    return makeError("cannot create " + outputDir + ": " + ec.message());
+  llvm::sys::fs::remove_directories(tmpDir);
+  if (std::error_code ec = llvm::sys::fs::create_directories(tmpDir))
+    return makeError("cannot create " + tmpDir + ": " + ec.message());
+  llvm::scope_exit cleanup([&] { llvm::sys::fs::remove_directories(tmpDir); });
+
+  if (llvm::is_contained(targets, "cpu")) {
+    for (const target::HostCPU &cpu : resolveHostCPUs(options)) {
+      auto cpuModule =
+          lowerToHostLLVM(job, cpu, "lowering " + name + " to the CPU failed");
+      if (!cpuModule)
+        return cpuModule.takeError();
+      auto obj = target::emitHostObject(**cpuModule, cpu);
+      if (!obj)
+        return obj.takeError();
+      std::string base = name + "." + cpu.name;
+      llvm::SmallString<256> objPath(tmpDir), soPath(tmpDir);
+      llvm::sys::path::append(objPath, base + ".o");
+      llvm::sys::path::append(soPath, base + ".so");
+      if (auto err = writeFile(objPath.str().str(), *obj))
+        return std::move(err);
+      if (auto err =
+              target::linkSharedObject(objPath.str().str(), soPath.str().str()))
+        return std::move(err);
+      llvm::sys::fs::remove(objPath);
+      ManifestKernel k;
+      k.target = "cpu";
+      k.cpu = cpu.name;
+      k.features = cpu.requires_;
+      k.file = base + ".so";
+      k.symbol = name;
+      info.kernels.push_back(k);
+    }
+  }
+
+  std::optional<std::string> ptxas;
+  if (options.runPtxas)
+    ptxas = target::findPtxas();
+  for (const std::string &chip : targets) {
+    if (chip == "cpu")
+      continue;
+    auto ptx = emitPTXText(job, chip, options);
+    if (!ptx)
+      return ptx.takeError();
+    std::string base = name + "." + chip;
+    llvm::SmallString<256> ptxPath(tmpDir);
+    llvm::sys::path::append(ptxPath, base + ".ptx");
+    if (auto err = writeFile(ptxPath.str().str(), *ptx))
+      return std::move(err);
+    ManifestKernel k;
+    k.target = chip;
+    k.file = base + ".ptx";
+    k.symbol = name;
+    k.threadsPerBlock = 256;
+    k.elementsPerThread =
+        gpuElementsPerThread(kernel, options.gpuBytesPerThread);
+    if (ptxas) {
+      auto assembled = target::runPtxas(*ptxas, *ptx, chip);
+      if (!assembled)
+        return assembled.takeError();
+      llvm::SmallString<256> cubinPath(tmpDir);
+      llvm::sys::path::append(cubinPath, base + ".cubin");
+      if (auto err = writeFile(cubinPath.str().str(), assembled->cubin))
+        return std::move(err);
+      k.cubin = base + ".cubin";
+      k.registers = assembled->registers;
+      k.spillStores = assembled->spillStores;
+      k.spillLoads = assembled->spillLoads;
+    }
+    info.kernels.push_back(k);
+  }
+
+  llvm::SmallString<256> manifestPath(tmpDir);
+  llvm::sys::path::append(manifestPath, "manifest.json");
+  if (auto err = writeFile(manifestPath.str().str(), renderManifest(info)))
+    return std::move(err);
+  llvm::sys::fs::remove_directories(finalDir);
+  if (std::error_code ec = llvm::sys::fs::rename(tmpDir, finalDir))
+    return makeError("cannot move the bundle into " + finalDir + ": " +
+                     ec.message());
+  cleanup.release();
+  return BundleResult{finalDir.str().str(), std::move(info)};
+}
+
+//===----------------------------------------------------------------------===//
+// One job to one stage
+//===----------------------------------------------------------------------===//
+
+llvm::Expected<CompileResult> driver::compile(const CompileJob &job,
+                                              const DriverOptions &options,
+                                              llvm::raw_ostream &out) {
+  auto targets = resolveTargets(job, options);
+  if (!targets)
+    return targets.takeError();
+  CompileResult result;
+  switch (options.emit) {
+  case EmitStage::MLIR:
+    out << emitOptimizerText(job);
+    break;
+  case EmitStage::KernelIR: {
+    auto text = emitKernelIRText(job);
+    if (!text)
+      return text.takeError();
+    out << *text;
+    break;
+  }
+  case EmitStage::LLVM: {
+    // The first flavour; an empty list (--cpu=) means LLVM's default CPU.
+    std::vector<target::HostCPU> cpus = resolveHostCPUs(options);
+    auto ir = emitHostLLVMIRText(job, cpus.empty() ? target::HostCPU{}
+                                                   : cpus.front());
+    if (!ir)
+      return ir.takeError();
+    out << *ir;
+    break;
+  }
+  case EmitStage::Obj:
+    for (const target::HostCPU &cpu : resolveHostCPUs(options)) {
+      auto obj = emitHostObjectFile(job, cpu);
+      if (!obj)
+        return obj.takeError();
+      if (std::error_code ec =
+              llvm::sys::fs::create_directories(options.outputDir))
+        return makeError("cannot create " + options.outputDir + ": " +
+                         ec.message());
+      llvm::SmallString<256> path(options.outputDir);
+      llvm::sys::path::append(path, job.getName() + "." + cpu.name + ".o");
+      if (auto err = writeFile(path.str().str(), *obj))
+        return std::move(err);
+    }
+    break;
+  case EmitStage::PTX: {
+    std::string chip = "sm_90";
+    for (const std::string &t : *targets)
+      if (t != "cpu") {
+        chip = t;
+        break;
+      }
+    auto ptx = emitPTXText(job, chip, options);
+    if (!ptx)
+      return ptx.takeError();
+    out << *ptx;
+    break;
+  }
+  case EmitStage::Bundle: {
+    auto bundle = buildBundle(job, *targets, options);
+    if (!bundle)
+      return bundle.takeError();
+    result.bundle = std::move(*bundle);
+    break;
+  }
+  }
+  return result;
+}
