@@ -78,6 +78,18 @@ BytesPerParam Manifest::computed_bytes_per_param() const {
   return b;
 }
 
+std::vector<StateBuffer> state_buffers(const StateSpec &s) {
+  switch (s.kind) {
+  case StateKind::Quantized:
+    return {{".codes", s.storage, Per::Element}, {".scales", s.scale, Per::Group}};
+  case StateKind::Plain:
+    return {{"", s.storage, Per::Element}};
+  case StateKind::Elided:
+    return {};
+  }
+  return {};
+}
+
 std::vector<BufferSpec> implied_buffers(const Manifest &m) {
   std::vector<BufferSpec> out;
   out.push_back({"param", m.param, Per::Element, true, BufferRole::Param});
@@ -85,16 +97,9 @@ std::vector<BufferSpec> implied_buffers(const Manifest &m) {
     out.push_back(
         {"correction", *m.correction, Per::Element, true, BufferRole::Correction});
   out.push_back({"grad", m.grad, Per::Element, false, BufferRole::Grad});
-  for (const StateSpec &s : m.states) {
-    if (s.kind == StateKind::Quantized) {
-      out.push_back(
-          {s.name + ".codes", s.storage, Per::Element, true, BufferRole::State});
-      out.push_back(
-          {s.name + ".scales", s.scale, Per::Group, true, BufferRole::State});
-    } else if (s.kind == StateKind::Plain) {
-      out.push_back({s.name, s.storage, Per::Element, true, BufferRole::State});
-    }
-  }
+  for (const StateSpec &s : m.states)
+    for (const StateBuffer &b : state_buffers(s))
+      out.push_back({s.name + b.suffix, b.dtype, b.per, true, BufferRole::State});
   return out;
 }
 

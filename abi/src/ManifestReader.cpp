@@ -206,8 +206,7 @@ Manifest Parser::parse(const json &root) {
     if (d.is_null()) {
       h.default_value = std::nullopt;
     } else if (d.is_number()) {
-      // Rounded to f32, the type the kernels read.
-      h.default_value = double(float(d.get<double>()));
+      h.default_value = d.get<double>();
     } else {
       fail(join(p, "default"), "expected a number or null, got " + typeName(d) +
                                    " " + describe(d));

@@ -248,43 +248,67 @@ llvm::Expected<std::string> driver::emitPTXText(const CompileJob &job,
 // Bundles
 //===----------------------------------------------------------------------===//
 
-ManifestInfo driver::describeBundle(const CompileJob &job, KernelOp kernel) {
-  ManifestInfo info;
-  info.name = kernel.getSymName().str();
-  info.specPath = job.specPath;
-  info.specHash = job.specHash;
-  info.rule = job.rule;
-  info.description = job.description;
-  info.groupSize = kernel.getGroupSize();
+llvm::Expected<abi::Manifest> driver::describeBundle(const CompileJob &job,
+                                                    KernelOp kernel) {
+  abi::Manifest m;
+  m.generator = std::string("flashopt-gen ") + abi::kFlashOptVersion;
+  m.name = kernel.getSymName().str();
+  m.spec = job.specPath;
+  m.spec_hash = job.specHash;
+  m.rule = job.rule;
+  m.description = job.description;
+  m.group_size = kernel.getGroupSize();
   OptimizerOp optimizer = job.optimizer;
   MasterAttr master = optimizer.getParam();
-  info.paramDtype = storageTypeName(master.getParamType());
-  info.correction =
-      master.hasCorrection() ? storageTypeName(master.getCorrection()) : "none";
-  info.gradDtype = storageTypeName(optimizer.getGrad());
+  m.param = *storageDType(master.getParamType());
+  if (master.hasCorrection())
+    m.correction = *storageDType(master.getCorrection());
+  m.grad = *storageDType(optimizer.getGrad());
   for (HyperOp h : getHypers(kernel)) {
-    ManifestHyper mh;
+    abi::HyperSpec mh;
     mh.name = h.getName().str();
     if (auto d = h.getDefaultValueAttr())
-      mh.defaultValue = d.getValueAsDouble();
-    info.hypers.push_back(mh);
+      mh.default_value = d.getValueAsDouble();
+    m.hypers.push_back(mh);
   }
   for (StateOp s : getStates(optimizer)) {
-    ManifestState ms;
+    abi::StateSpec ms;
     ms.name = s.getName().str();
     s.getEncoding().describeInManifest(ms);
     if (auto e = s.getElidable())
-      ms.elidableIfZero = e->str();
-    info.states.push_back(ms);
+      ms.elidable_if_zero = e->str();
+    m.states.push_back(ms);
   }
-  for (Attribute a : kernel.getBuffers()) {
-    auto b = cast<BufferAttr>(a);
-    info.buffers.push_back({b.getName().str(),
-                            storageTypeName(b.getElementType()),
-                            b.getRate() == BufferRate::group,
-                            b.getAccess() == BufferAccess::readwrite});
+  // The buffers, table layout and bytes follow from the ABI; the expanded
+  // kernel must agree with it buffer for buffer.
+  abi::complete_manifest(m);
+  auto buffers = kernel.getBuffers();
+  auto render = [](llvm::StringRef name, llvm::StringRef dtype, bool perGroup,
+                   bool writable) {
+    return (name + " (" + dtype + (perGroup ? ", per group" : ", per element") +
+            (writable ? ", readwrite)" : ", read)"))
+        .str();
+  };
+  for (size_t i = 0; i < std::max<size_t>(buffers.size(), m.buffers.size());
+       ++i) {
+    std::string have = "nothing", want = "nothing";
+    if (i < buffers.size()) {
+      auto b = cast<BufferAttr>(buffers[i]);
+      have = render(b.getName(), storageTypeName(b.getElementType()),
+                    b.getRate() == BufferRate::group,
+                    b.getAccess() == BufferAccess::readwrite);
+    }
+    if (i < m.buffers.size()) {
+      const abi::BufferSpec &e = m.buffers[i];
+      want = render(e.name, abi::dtype_name(e.dtype), e.per == abi::Per::Group,
+                    e.writable);
+    }
+    if (have != want)
+      return makeError("internal error: buffer " + std::to_string(i) + " of " +
+                       m.name + " is " + have + " in the kernel but " + want +
+                       " in the kernel ABI");
   }
-  return info;
+  return m;
 }
 
 llvm::Expected<BundleResult>
@@ -296,7 +320,10 @@ driver::buildBundle(const CompileJob &job,
   if (!kernelModule)
     return kernelModule.takeError();
   KernelOp kernel = *(*kernelModule)->getOps<KernelOp>().begin();
-  ManifestInfo info = describeBundle(job, kernel);
+  auto described = describeBundle(job, kernel);
+  if (!described)
+    return described.takeError();
+  abi::Manifest info = std::move(*described);
 
   const std::string &outputDir = options.outputDir;
   llvm::SmallString<256> finalDir(outputDir);
@@ -329,7 +356,7 @@ driver::buildBundle(const CompileJob &job,
               target::linkSharedObject(objPath.str().str(), soPath.str().str()))
         return std::move(err);
       llvm::sys::fs::remove(objPath);
-      ManifestKernel k;
+      abi::KernelEntry k;
       k.target = "cpu";
       k.cpu = cpu.name;
       k.features = cpu.requires_;
@@ -353,13 +380,13 @@ driver::buildBundle(const CompileJob &job,
     llvm::sys::path::append(ptxPath, base + ".ptx");
     if (auto err = writeFile(ptxPath.str().str(), *ptx))
       return std::move(err);
-    ManifestKernel k;
+    abi::KernelEntry k;
     k.target = chip;
     k.file = base + ".ptx";
     k.symbol = name;
-    k.threadsPerBlock = 256;
-    k.elementsPerThread =
-        gpuElementsPerThread(kernel, options.gpuBytesPerThread);
+    k.threads_per_block = abi::kGpuThreadsPerBlock;
+    k.elements_per_thread =
+        int(gpuElementsPerThread(kernel, options.gpuBytesPerThread));
     if (ptxas) {
       auto assembled = target::runPtxas(*ptxas, *ptx, chip);
       if (!assembled)
@@ -369,16 +396,16 @@ driver::buildBundle(const CompileJob &job,
       if (auto err = writeFile(cubinPath.str().str(), assembled->cubin))
         return std::move(err);
       k.cubin = base + ".cubin";
-      k.registers = assembled->registers;
-      k.spillStores = assembled->spillStores;
-      k.spillLoads = assembled->spillLoads;
+      k.registers = int(assembled->registers);
+      k.spill_stores = int(assembled->spillStores);
+      k.spill_loads = int(assembled->spillLoads);
     }
     info.kernels.push_back(k);
   }
 
   llvm::SmallString<256> manifestPath(tmpDir);
   llvm::sys::path::append(manifestPath, "manifest.json");
-  if (auto err = writeFile(manifestPath.str().str(), renderManifest(info)))
+  if (auto err = writeFile(manifestPath.str().str(), abi::write_manifest(info)))
     return std::move(err);
   llvm::sys::fs::remove_directories(finalDir);
   if (std::error_code ec = llvm::sys::fs::rename(tmpDir, finalDir))

@@ -12,10 +12,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/Spec/Spec.h"
+#include "flashopt/abi/DType.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace flashopt::spec {
 
@@ -50,47 +52,46 @@ uint64_t fnv1a64(std::string_view data) {
   return h;
 }
 
-const char *spelling(DType v) noexcept {
-  switch (v) {
-  case DType::BF16:
-    return "bf16";
-  case DType::F16:
-    return "f16";
-  case DType::F32:
-    return "f32";
-  }
-  return "?";
+// Dtype spellings are the kernel ABI's (abi/DTypes.def); the spec model
+// keeps its own enums for the subsets each field allows.
+namespace {
+using AbiDType = ::flashopt::abi::DType;
+
+constexpr std::pair<DType, AbiDType> kDTypes[] = {
+    {DType::BF16, AbiDType::BF16}, {DType::F16, AbiDType::F16},
+    {DType::F32, AbiDType::F32}};
+constexpr std::pair<Correction, AbiDType> kCorrections[] = {
+    {Correction::I8, AbiDType::I8}, {Correction::I16, AbiDType::I16}};
+constexpr std::pair<Storage, AbiDType> kStorages[] = {
+    {Storage::I8, AbiDType::I8},     {Storage::UI8, AbiDType::U8},
+    {Storage::F32, AbiDType::F32},   {Storage::BF16, AbiDType::BF16},
+    {Storage::F16, AbiDType::F16}};
+
+template <typename E, size_t N>
+const char *spellingIn(const std::pair<E, AbiDType> (&table)[N], E v) {
+  for (const auto &[e, d] : table)
+    if (e == v)
+      return ::flashopt::abi::dtype_name(d);
+  return "none"; // the one value of each enum that is not a dtype
 }
 
+template <typename E, size_t N>
+std::optional<E> parseIn(const std::pair<E, AbiDType> (&table)[N],
+                         std::string_view s) {
+  std::optional<AbiDType> d = ::flashopt::abi::parse_dtype(s);
+  if (d)
+    for (const auto &[e, t] : table)
+      if (t == *d)
+        return e;
+  return std::nullopt;
+}
+} // namespace
+
+const char *spelling(DType v) noexcept { return spellingIn(kDTypes, v); }
 const char *spelling(Correction v) noexcept {
-  switch (v) {
-  case Correction::None:
-    return "none";
-  case Correction::I8:
-    return "i8";
-  case Correction::I16:
-    return "i16";
-  }
-  return "?";
+  return spellingIn(kCorrections, v);
 }
-
-const char *spelling(Storage v) noexcept {
-  switch (v) {
-  case Storage::I8:
-    return "i8";
-  case Storage::UI8:
-    return "ui8";
-  case Storage::F32:
-    return "f32";
-  case Storage::BF16:
-    return "bf16";
-  case Storage::F16:
-    return "f16";
-  case Storage::None:
-    return "none";
-  }
-  return "?";
-}
+const char *spelling(Storage v) noexcept { return spellingIn(kStorages, v); }
 
 const char *spelling(Compand v) noexcept {
   switch (v) {
@@ -105,39 +106,19 @@ const char *spelling(Compand v) noexcept {
 }
 
 std::optional<DType> parseDType(std::string_view s) noexcept {
-  if (s == "bf16")
-    return DType::BF16;
-  if (s == "f16")
-    return DType::F16;
-  if (s == "f32")
-    return DType::F32;
-  return std::nullopt;
+  return parseIn(kDTypes, s);
 }
 
 std::optional<Correction> parseCorrection(std::string_view s) noexcept {
   if (s == "none")
     return Correction::None;
-  if (s == "i8")
-    return Correction::I8;
-  if (s == "i16")
-    return Correction::I16;
-  return std::nullopt;
+  return parseIn(kCorrections, s);
 }
 
 std::optional<Storage> parseStorage(std::string_view s) noexcept {
-  if (s == "i8")
-    return Storage::I8;
-  if (s == "ui8")
-    return Storage::UI8;
-  if (s == "f32")
-    return Storage::F32;
-  if (s == "bf16")
-    return Storage::BF16;
-  if (s == "f16")
-    return Storage::F16;
   if (s == "none")
     return Storage::None;
-  return std::nullopt;
+  return parseIn(kStorages, s);
 }
 
 std::optional<Compand> parseCompand(std::string_view s) noexcept {

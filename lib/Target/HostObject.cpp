@@ -5,6 +5,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/Target/HostObject.h"
+#include "flashopt/abi/KernelAbi.h"
 
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
@@ -96,8 +97,15 @@ translate(mlir::ModuleOp module, llvm::LLVMContext &ctx,
 
 std::vector<HostCPU> flashopt::target::defaultHostCPUs() {
   llvm::Triple triple(llvm::sys::getDefaultTargetTriple());
-  if (triple.getArch() == llvm::Triple::x86_64)
-    return {{"x86-64-v3", {"avx2", "fma", "f16c", "bmi2"}}, {"x86-64", {}}};
+  if (triple.getArch() == llvm::Triple::x86_64) {
+    // The flavours and the features the runtime checks for them: the ABI
+    // library's one list (abi/CpuFeatures.def).
+    std::vector<HostCPU> cpus;
+    for (const ::flashopt::abi::CpuFlavour &f :
+         ::flashopt::abi::default_x86_cpu_flavours())
+      cpus.push_back({f.cpu, f.features});
+    return cpus;
+  }
   return {{"generic", {}}};
 }
 

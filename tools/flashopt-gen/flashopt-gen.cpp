@@ -217,10 +217,8 @@ int main(int argc, char **argv) {
       llvm::outs() << "flashopt-gen: wrote " << bundle->directory << " ("
                    << artifacts << " artifact" << (artifacts == 1 ? "" : "s")
                    << ", "
-                   << llvm::format(
-                          "%.4g",
-                          ::flashopt::computeBytesPerParam(bundle->manifest)
-                              .total())
+                   << llvm::format("%.4g",
+                                   bundle->manifest.bytes_per_param.total)
                    << " B/param)\n";
     }
   }

@@ -98,7 +98,7 @@ TEST_CASE("a CPU-only bundle of sgd_f32 names its kernel in the manifest") {
   llvm::SmallString<128> expectedDir(dir.path);
   llvm::sys::path::append(expectedDir, "sgd_f32");
   CHECK(bundle->directory == expectedDir.str().str());
-  const ManifestInfo &info = bundle->manifest;
+  const abi::Manifest &info = bundle->manifest;
   CHECK(info.name == "sgd_f32");
   REQUIRE(info.kernels.size() == 1);
   CHECK(info.kernels[0].target == "cpu");
@@ -111,7 +111,7 @@ TEST_CASE("a CPU-only bundle of sgd_f32 names its kernel in the manifest") {
   auto manifest = llvm::MemoryBuffer::getFile(manifestPath);
   REQUIRE_MESSAGE(static_cast<bool>(manifest), manifestPath.str().str());
   CHECK((*manifest)->getBuffer().contains("\"sgd_f32\""));
-  CHECK((*manifest)->getBuffer() == renderManifest(info));
+  CHECK((*manifest)->getBuffer() == abi::write_manifest(info));
   // No temporary directory is left behind.
   llvm::SmallString<128> tmpDir(dir.path);
   llvm::sys::path::append(tmpDir, ".sgd_f32.tmp");
@@ -137,20 +137,20 @@ TEST_CASE("the manifest describes each state through its encoding") {
   options.outputDir = dir.path.str().str();
   auto bundle = driver::buildBundle(quantized, {}, options);
   REQUIRE_MESSAGE(static_cast<bool>(bundle), errorMessage(bundle.takeError()));
-  const ManifestInfo &info = bundle->manifest;
+  const abi::Manifest &info = bundle->manifest;
   CHECK(info.kernels.empty());
   REQUIRE(info.states.size() == 2);
   CHECK(info.states[0].name == "exp_avg");
-  CHECK(info.states[0].kind == "quantized");
-  CHECK(info.states[0].storage == "i8");
+  CHECK(info.states[0].kind == abi::StateKind::Quantized);
+  CHECK(info.states[0].storage == abi::DType::I8);
   CHECK(info.states[0].compand == "softsign");
-  CHECK(info.states[0].scale == "f16");
+  CHECK(info.states[0].scale == abi::DType::F16);
   CHECK(info.states[0].group == 32);
-  CHECK(info.states[1].kind == "quantized");
-  CHECK(info.states[1].storage == "ui8");
+  CHECK(info.states[1].kind == abi::StateKind::Quantized);
+  CHECK(info.states[1].storage == abi::DType::U8);
   CHECK(info.states[1].compand == "sqrt");
   std::vector<std::string> bufferNames;
-  for (const ManifestBuffer &b : info.buffers)
+  for (const abi::BufferSpec &b : info.buffers)
     bufferNames.push_back(b.name);
   CHECK(bufferNames ==
         std::vector<std::string>{"param", "correction", "grad", "exp_avg.codes",
@@ -160,8 +160,8 @@ TEST_CASE("the manifest describes each state through its encoding") {
   auto plain = driver::buildBundle(job, {}, options);
   REQUIRE_MESSAGE(static_cast<bool>(plain), errorMessage(plain.takeError()));
   REQUIRE(plain->manifest.states.size() == 2);
-  CHECK(plain->manifest.states[0].kind == "plain");
-  CHECK(plain->manifest.states[0].storage == "f32");
+  CHECK(plain->manifest.states[0].kind == abi::StateKind::Plain);
+  CHECK(plain->manifest.states[0].storage == abi::DType::F32);
   CHECK(plain->manifest.states[0].compand.empty());
 }
 

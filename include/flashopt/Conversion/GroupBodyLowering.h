@@ -18,6 +18,7 @@
 #ifndef FLASHOPT_CONVERSION_GROUPBODYLOWERING_H
 #define FLASHOPT_CONVERSION_GROUPBODYLOWERING_H
 
+#include "flashopt/abi/KernelAbi.h"
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
 
 #include "mlir/IR/Builders.h"
@@ -28,8 +29,9 @@
 namespace mlir::flashopt {
 
 /// i64 words of a tensor-table record before the buffer addresses: numel,
-/// first global group, hyper slot, reserved (docs/KERNEL-ABI.md).
-constexpr int64_t kTableHeaderWords = 4;
+/// first global group, hyper slot, reserved (docs/KERNEL-ABI.md; the one
+/// definition is the ABI library's).
+constexpr int64_t kTableHeaderWords = ::flashopt::abi::kTableHeaderWords;
 
 /// How a worker's accesses are predicated.
 enum class Predication {

@@ -19,7 +19,7 @@
 
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
 #include "flashopt/Target/HostObject.h"
-#include "flashopt/Target/Manifest.h"
+#include "flashopt/abi/Manifest.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
@@ -144,15 +144,17 @@ llvm::Expected<std::string> emitPTXText(const CompileJob &job,
 /// The manifest of `job` before any artifact is added: names, dtypes,
 /// hyper-parameters, state encodings (each from its
 /// StateEncodingAttrInterface) and the buffers of its expanded `kernel`.
-ManifestInfo describeBundle(const CompileJob &job,
-                            mlir::flashopt::KernelOp kernel);
+/// The kernel's buffers must be exactly the ones the kernel ABI implies
+/// (abi::implied_buffers); anything else is an internal error.
+llvm::Expected<abi::Manifest>
+describeBundle(const CompileJob &job, mlir::flashopt::KernelOp kernel);
 
 /// A bundle that was written.
 struct BundleResult {
   /// <outputDir>/<name>.
   std::string directory;
   /// What its manifest.json says.
-  ManifestInfo manifest;
+  abi::Manifest manifest;
 };
 
 /// Builds the bundle of `job` for `targets` in a temporary directory next

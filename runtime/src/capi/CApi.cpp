@@ -226,7 +226,7 @@ flashopt_status flashopt_optimizer_get_info(flashopt_optimizer opt,
     i.num_hypers = int32_t(m.hypers.size());
     int32_t states = 0;
     for (const StateSpec &s : m.states)
-      if (s.kind != StateKind::Elided)
+      if (!flashopt::abi::state_buffers(s).empty())
         ++states;
     i.num_states = states;
     i.device_type = o->ctx->type;

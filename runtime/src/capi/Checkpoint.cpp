@@ -52,7 +52,7 @@ std::vector<Expect> expectedTensors(const OptObj &o, bool f32) {
     if (f32) {
       out.push_back({p.name, int64_t(i), "", "", DType::F32, p.shape});
       for (const StateSpec &s : m.states)
-        if (s.kind != StateKind::Elided)
+        if (!abi::state_buffers(s).empty())
           out.push_back({p.name + "." + s.name, int64_t(i), "", s.name,
                          DType::F32, p.shape});
       continue;
@@ -61,17 +61,11 @@ std::vector<Expect> expectedTensors(const OptObj &o, bool f32) {
     if (m.correction)
       out.push_back({p.name + ".correction", int64_t(i), "correction", "",
                      *m.correction, p.shape});
-    for (const StateSpec &s : m.states) {
-      if (s.kind == StateKind::Quantized) {
-        out.push_back({p.name + "." + s.name + ".codes", int64_t(i),
-                       s.name + ".codes", "", s.storage, p.shape});
-        out.push_back({p.name + "." + s.name + ".scales", int64_t(i),
-                       s.name + ".scales", "", s.scale, groups});
-      } else if (s.kind == StateKind::Plain) {
-        out.push_back({p.name + "." + s.name, int64_t(i), s.name, "", s.storage,
-                       p.shape});
-      }
-    }
+    for (const StateSpec &s : m.states)
+      for (const abi::StateBuffer &b : abi::state_buffers(s))
+        out.push_back({p.name + "." + s.name + b.suffix, int64_t(i),
+                       s.name + b.suffix, "", b.dtype,
+                       b.per == Per::Group ? groups : p.shape});
   }
   return out;
 }
@@ -101,15 +95,13 @@ void saveCheckpoint(OptObj &o, const std::string &path,
         if (st.name == e.state)
           s = &st;
       std::vector<float> v(size_t(p.numel));
-      if (s->kind == StateKind::Quantized) {
-        std::vector<uint8_t> codes = o.read(e.param, s->name + ".codes");
-        std::vector<uint8_t> scales = o.read(e.param, s->name + ".scales");
-        codec::dequantize(codes.data(), s->storage, scales.data(), s->scale,
-                          s->compand, m.group_size, p.numel, v.data());
-      } else {
-        std::vector<uint8_t> plain = o.read(e.param, s->name);
-        codec::widen(plain.data(), s->storage, p.numel, v.data());
-      }
+      std::vector<std::vector<uint8_t>> stored;
+      std::vector<const void *> buffers;
+      for (const abi::StateBuffer &b : abi::state_buffers(*s))
+        stored.push_back(o.read(e.param, s->name + b.suffix));
+      for (const std::vector<uint8_t> &b : stored)
+        buffers.push_back(b.data());
+      codec::decode_state(*s, buffers, m.group_size, p.numel, v.data());
       const uint8_t *b = reinterpret_cast<const uint8_t *>(v.data());
       storage.emplace_back(b, b + v.size() * sizeof(float));
     }
@@ -355,20 +347,19 @@ void loadCheckpoint(OptObj &o, const std::string &path) {
     for (const StateSpec &st : m.states)
       if (st.name == e.state)
         s = &st;
-    if (s->kind == StateKind::Quantized) {
-      int64_t ng = (p.numel + m.group_size - 1) / m.group_size;
-      std::vector<uint8_t> codes(size_t(p.numel * dtype_size(s->storage)));
-      std::vector<uint8_t> scales(size_t(ng * dtype_size(s->scale)));
-      codec::quantize(v.data(), p.numel, m.group_size, s->compand, codes.data(),
-                      s->storage, scales.data(), s->scale);
-      o.write(e.param, s->name + ".codes", codes.data(), int64_t(codes.size()));
-      o.write(e.param, s->name + ".scales", scales.data(),
-              int64_t(scales.size()));
-    } else {
-      std::vector<uint8_t> plain(size_t(p.numel * dtype_size(s->storage)));
-      codec::narrow(v.data(), p.numel, s->storage, plain.data());
-      o.write(e.param, s->name, plain.data(), int64_t(plain.size()));
-    }
+    const int64_t ng = (p.numel + m.group_size - 1) / m.group_size;
+    std::vector<abi::StateBuffer> layout = abi::state_buffers(*s);
+    std::vector<std::vector<uint8_t>> stored;
+    std::vector<void *> buffers;
+    for (const abi::StateBuffer &b : layout)
+      stored.emplace_back(
+          size_t((b.per == Per::Group ? ng : p.numel) * dtype_size(b.dtype)));
+    for (std::vector<uint8_t> &b : stored)
+      buffers.push_back(b.data());
+    codec::encode_state(*s, v.data(), m.group_size, p.numel, buffers);
+    for (size_t k = 0; k < layout.size(); ++k)
+      o.write(e.param, s->name + layout[k].suffix, stored[k].data(),
+              int64_t(stored[k].size()));
   }
   for (size_t g = 0; g < hyperValues.size(); ++g)
     for (size_t h = 0; h < m.hypers.size(); ++h) {

@@ -21,13 +21,13 @@ std::vector<std::string> tensorNamesOf(const Manifest &m,
   if (m.correction)
     out.push_back(name + ".correction");
   for (const StateSpec &s : m.states) {
-    if (s.kind == StateKind::Elided)
+    std::vector<abi::StateBuffer> buffers = abi::state_buffers(s);
+    if (buffers.empty())
       continue;
-    out.push_back(name + "." + s.name);
-    if (s.kind == StateKind::Quantized) {
-      out.push_back(name + "." + s.name + ".codes");
-      out.push_back(name + "." + s.name + ".scales");
-    }
+    out.push_back(name + "." + s.name); // the f32 form
+    for (const abi::StateBuffer &b : buffers)
+      if (!b.suffix.empty())
+        out.push_back(name + "." + s.name + b.suffix);
   }
   return out;
 }

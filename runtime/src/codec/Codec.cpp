@@ -21,6 +21,7 @@
 
 #include "flashopt/host/Float16.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -350,6 +351,41 @@ void quantize(const float *in, int64_t n, int64_t group,
       else
         static_cast<uint8_t *>(codes)[i] = uint8_t(int32_t(q));
     }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// The codec table: one entry per encoding kind
+//===----------------------------------------------------------------------===//
+
+void decode_state(const StateSpec &s, const std::vector<const void *> &buffers,
+                  int64_t group, int64_t n, float *out) {
+  switch (s.kind) {
+  case StateKind::Quantized:
+    dequantize(buffers[0], s.storage, buffers[1], s.scale, s.compand, group, n,
+               out);
+    return;
+  case StateKind::Plain:
+    widen(buffers[0], s.storage, n, out);
+    return;
+  case StateKind::Elided:
+    std::fill(out, out + n, 0.0f);
+    return;
+  }
+}
+
+void encode_state(const StateSpec &s, const float *in, int64_t group,
+                  int64_t n, const std::vector<void *> &buffers) {
+  switch (s.kind) {
+  case StateKind::Quantized:
+    quantize(in, n, group, s.compand, buffers[0], s.storage, buffers[1],
+             s.scale);
+    return;
+  case StateKind::Plain:
+    narrow(in, n, s.storage, buffers[0]);
+    return;
+  case StateKind::Elided:
+    return;
   }
 }
 

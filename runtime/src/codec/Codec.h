@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace flashopt::host::codec {
 
@@ -68,6 +69,19 @@ void dequantize(const void *codes, DType code_dtype, const void *scales,
 void quantize(const float *in, int64_t n, int64_t group,
               std::string_view compand, void *codes, DType code_dtype,
               void *scales, DType scale_dtype);
+
+/// The codec table, keyed by the manifest's encoding kind: state `s` of `n`
+/// elements (groups of `group`) from its stored buffers to f32 values.
+/// `buffers` holds one pointer per abi::state_buffers(s) entry, in order
+/// (quantized: codes, scales; plain: the values; elided: none, and the
+/// state reads as zeros).
+void decode_state(const StateSpec &s, const std::vector<const void *> &buffers,
+                  int64_t group, int64_t n, float *out);
+/// The inverse: f32 values to the stored buffers of `s` (each sized as
+/// abi::state_buffers says: n entries per element, ceil(n / group) per
+/// group).
+void encode_state(const StateSpec &s, const float *in, int64_t group,
+                  int64_t n, const std::vector<void *> &buffers);
 
 } // namespace flashopt::host::codec
 

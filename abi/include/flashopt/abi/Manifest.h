@@ -42,8 +42,10 @@ inline constexpr int kManifestFormatVersion = 1;
 /// One hyper-parameter column of the hyper table.
 struct HyperSpec {
   std::string name;
-  /// The default; nullopt when the manifest says null, in which case every
-  /// param group must set it before the first step.
+  /// The default, exactly as the manifest writes it (the runtime's hyper
+  /// table rounds it to the f32 the kernels read); nullopt when the manifest
+  /// says null, in which case every param group must set it before the
+  /// first step.
   std::optional<double> default_value;
 };
 
@@ -130,6 +132,20 @@ struct Manifest {
   /// Bytes per parameter recomputed from `buffers` and `group_size`.
   BytesPerParam computed_bytes_per_param() const;
 };
+
+/// One buffer a state encoding stores per tensor.
+struct StateBuffer {
+  /// Appended to the state's name: the buffer is "<state><suffix>" and its
+  /// checkpoint tensor "<param>.<state><suffix>" ("" or ".codes").
+  std::string suffix;
+  DType dtype = DType::F32;
+  Per per = Per::Element;
+};
+
+/// The buffers of state `s`, by encoding kind — the one place the kernel ABI
+/// says what each encoding stores: quantized → ".codes" (per element) and
+/// ".scales" (per group); plain → "" (per element); elided → none.
+std::vector<StateBuffer> state_buffers(const StateSpec &s);
 
 /// The buffers the kernel ABI implies for `m`'s param, correction, grad and
 /// states, in ABI order (docs/KERNEL-ABI.md), with their roles.

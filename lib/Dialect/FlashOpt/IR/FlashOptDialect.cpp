@@ -54,40 +54,55 @@ static bool isUnsignedInt(Type t, unsigned width) {
   return t && t.isUnsignedInteger(width);
 }
 
-std::string mlir::flashopt::storageTypeName(Type t) {
+std::optional<::flashopt::abi::DType> mlir::flashopt::storageDType(Type t) {
+  using ::flashopt::abi::DType;
   if (!t)
-    return "";
+    return std::nullopt;
   if (t.isF32())
-    return "f32";
+    return DType::F32;
   if (t.isBF16())
-    return "bf16";
+    return DType::BF16;
   if (t.isF16())
-    return "f16";
+    return DType::F16;
   if (isSignlessInt(t, 8))
-    return "i8";
+    return DType::I8;
   if (isUnsignedInt(t, 8))
-    return "ui8";
+    return DType::U8;
   if (isSignlessInt(t, 16))
-    return "i16";
-  return "";
+    return DType::I16;
+  return std::nullopt;
+}
+
+Type mlir::flashopt::storageType(MLIRContext *ctx, ::flashopt::abi::DType d) {
+  using ::flashopt::abi::DType;
+  Builder b(ctx);
+  switch (d) {
+  case DType::F32:
+    return b.getF32Type();
+  case DType::BF16:
+    return b.getBF16Type();
+  case DType::F16:
+    return b.getF16Type();
+  case DType::I8:
+    return b.getIntegerType(8);
+  case DType::U8:
+    return IntegerType::get(ctx, 8, IntegerType::Unsigned);
+  case DType::I16:
+    return b.getIntegerType(16);
+  }
+  return nullptr;
+}
+
+std::string mlir::flashopt::storageTypeName(Type t) {
+  std::optional<::flashopt::abi::DType> d = storageDType(t);
+  return d ? ::flashopt::abi::dtype_name(*d) : "";
 }
 
 Type mlir::flashopt::parseStorageTypeName(MLIRContext *ctx,
                                           llvm::StringRef name) {
-  Builder b(ctx);
-  if (name == "f32")
-    return b.getF32Type();
-  if (name == "bf16")
-    return b.getBF16Type();
-  if (name == "f16")
-    return b.getF16Type();
-  if (name == "i8")
-    return b.getIntegerType(8);
-  if (name == "ui8")
-    return IntegerType::get(ctx, 8, IntegerType::Unsigned);
-  if (name == "i16")
-    return b.getIntegerType(16);
-  return nullptr;
+  std::optional<::flashopt::abi::DType> d =
+      ::flashopt::abi::parse_dtype(std::string_view(name.data(), name.size()));
+  return d ? storageType(ctx, *d) : nullptr;
 }
 
 int64_t mlir::flashopt::storageTypeBytes(Type t) {

@@ -16,7 +16,7 @@
 #include "flashopt/Dialect/FlashOpt/IR/Companders.h"
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptDialect.h"
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
-#include "flashopt/Target/Manifest.h"
+#include "flashopt/abi/Manifest.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -106,12 +106,12 @@ SmallVector<Value> QuantAttr::emitEncode(OpBuilder &b, Location loc,
   return {code, scale};
 }
 
-void QuantAttr::describeInManifest(::flashopt::ManifestState &state) const {
-  state.kind = "quantized";
-  state.storage = storageTypeName(getStorage());
+void QuantAttr::describeInManifest(::flashopt::abi::StateSpec &state) const {
+  state.kind = ::flashopt::abi::StateKind::Quantized;
+  state.storage = *storageDType(getStorage());
   state.group = getGroup();
   state.compand = stringifyCompander(getCompand()).str();
-  state.scale = storageTypeName(getScale());
+  state.scale = *storageDType(getScale());
 }
 
 //===----------------------------------------------------------------------===//
@@ -133,9 +133,9 @@ SmallVector<Value> PlainAttr::emitEncode(OpBuilder &b, Location loc,
   return {emitNarrowFromF32(b, loc, x, getStorage())};
 }
 
-void PlainAttr::describeInManifest(::flashopt::ManifestState &state) const {
-  state.kind = "plain";
-  state.storage = storageTypeName(getStorage());
+void PlainAttr::describeInManifest(::flashopt::abi::StateSpec &state) const {
+  state.kind = ::flashopt::abi::StateKind::Plain;
+  state.storage = *storageDType(getStorage());
 }
 
 //===----------------------------------------------------------------------===//
@@ -154,6 +154,6 @@ SmallVector<Value> ElidedAttr::emitEncode(OpBuilder &, Location, Value) const {
   return {};
 }
 
-void ElidedAttr::describeInManifest(::flashopt::ManifestState &state) const {
-  state.kind = "elided";
+void ElidedAttr::describeInManifest(::flashopt::abi::StateSpec &state) const {
+  state.kind = ::flashopt::abi::StateKind::Elided;
 }

@@ -13,6 +13,9 @@
 #ifndef FLASHOPT_DIALECT_FLASHOPT_IR_FLASHOPTDIALECT_H
 #define FLASHOPT_DIALECT_FLASHOPT_IR_FLASHOPTDIALECT_H
 
+#include "flashopt/abi/DType.h"
+
+#include <optional>
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -31,8 +34,16 @@ namespace mlir::flashopt {
 /// Whether `t` is a parameter or plain-state float type (f32, bf16, f16).
 bool isStorageFloatType(Type t);
 
+/// The kernel-ABI dtype (abi/DTypes.def) a storage type is stored as, or
+/// nullopt for anything else.
+std::optional<::flashopt::abi::DType> storageDType(Type t);
+
+/// The storage type of a kernel-ABI dtype.
+Type storageType(MLIRContext *ctx, ::flashopt::abi::DType d);
+
 /// The short name flashopt uses for a storage type in specs and manifests
-/// ("bf16", "f16", "f32", "i8", "ui8", "i16"), or "" for anything else.
+/// (the ABI's dtype names: "bf16", "f16", "f32", "i8", "ui8", "i16"), or ""
+/// for anything else.
 std::string storageTypeName(Type t);
 
 /// Parses a storage type name ("bf16", ..., "ui8"); null on failure.

@@ -24,9 +24,9 @@
 #include <optional>
 #include <string>
 
-namespace flashopt {
-struct ManifestState;
-} // namespace flashopt
+namespace flashopt::abi {
+struct StateSpec;
+} // namespace flashopt::abi
 
 namespace mlir::flashopt {
 

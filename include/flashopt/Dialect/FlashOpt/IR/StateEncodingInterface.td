@@ -73,11 +73,13 @@ def FlashOpt_StateEncodingInterface
       (ins "::mlir::OpBuilder &":$builder, "::mlir::Location":$loc,
            "::mlir::Value":$value)>,
     InterfaceMethod<[{
-        Fills the encoding fields of a manifest state (kind, storage, group,
-        compand, scale); the name and elidability are the caller's. This is
-        the one place an encoding names itself to the runtime.
+        Fills the encoding fields of a manifest state (the ABI library's
+        model, abi/Manifest.h: kind, storage, group, compand, scale); the
+        name and elidability are the caller's. This is the one place an
+        encoding names itself to the runtime.
       }],
-      "void", "describeInManifest", (ins "::flashopt::ManifestState &":$state)>,
+      "void", "describeInManifest",
+      (ins "::flashopt::abi::StateSpec &":$state)>,
   ];
 }
 
