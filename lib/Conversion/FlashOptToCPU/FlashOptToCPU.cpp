@@ -68,9 +68,9 @@ LogicalResult lowerKernel(KernelOp kernel) {
       Value i = arith::AddIOp::create(ob, loc, rec, cIdx(ob, w));
       return loadI64(ob, loc, table, i);
     };
-    Value numel = word(lb, 0);
-    Value first = word(lb, 1);
-    Value slot = word(lb, 2);
+    Value numel = word(lb, ::flashopt::abi::kRecordNumel);
+    Value first = word(lb, ::flashopt::abi::kRecordFirstGroup);
+    Value slot = word(lb, ::flashopt::abi::kRecordHyperSlot);
     Value gs = cI64(lb, groupSize);
     Value numelPlus = arith::AddIOp::create(lb, loc, numel, cI64(lb, groupSize - 1));
     Value ngroups = arith::DivUIOp::create(lb, loc, numelPlus, gs);

@@ -190,9 +190,9 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
     return loadI64(lb, loc, table,
                    arith::AddIOp::create(lb, loc, rec, cIdx(lb, w)));
   };
-  Value numel = word(0);
-  Value first = word(1);
-  Value slot = word(2);
+  Value numel = word(::flashopt::abi::kRecordNumel);
+  Value first = word(::flashopt::abi::kRecordFirstGroup);
+  Value slot = word(::flashopt::abi::kRecordHyperSlot);
   Value slotOffset = arith::MulIOp::create(lb, loc, slot, cI64(lb, numHypers * 4));
   Value hyperBase = arith::AddIOp::create(lb, loc, hypers, slotOffset);
   IRMapping mapping;
