@@ -27,6 +27,15 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime/include/flashopt
   PATTERN "host" EXCLUDE)
 install(EXPORT flashoptTargets NAMESPACE flashopt::
   FILE flashoptTargets.cmake DESTINATION ${FLASHOPT_INSTALL_CMAKEDIR})
+if(TARGET flashopt_mpi)
+  set_target_properties(flashopt_mpi PROPERTIES EXPORT_NAME mpi)
+  install(TARGETS flashopt_mpi EXPORT flashoptMpiTargets
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(FILES ${PROJECT_SOURCE_DIR}/runtime/include/flashopt/flashopt_mpi.h
+    DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flashopt)
+  install(EXPORT flashoptMpiTargets NAMESPACE flashopt::
+    FILE flashoptMpiTargets.cmake DESTINATION ${FLASHOPT_INSTALL_CMAKEDIR})
+endif()
 
 set(_fo_pkg ${CMAKE_CURRENT_BINARY_DIR}/flashopt-package)
 set(FLASHOPT_CONFIG_BINDIR ${CMAKE_INSTALL_BINDIR})
@@ -47,6 +56,10 @@ install(FILES ${_fo_pkg}/flashoptConfig.cmake ${_fo_pkg}/flashoptConfigVersion.c
 set(_fo_build_pkg ${PROJECT_BINARY_DIR}/lib/cmake/flashopt)
 export(EXPORT flashoptTargets NAMESPACE flashopt::
   FILE ${_fo_build_pkg}/flashoptTargets.cmake)
+if(TARGET flashopt_mpi)
+  export(EXPORT flashoptMpiTargets NAMESPACE flashopt::
+    FILE ${_fo_build_pkg}/flashoptMpiTargets.cmake)
+endif()
 set(FLASHOPT_CONFIG_BINDIR ${PROJECT_BINARY_DIR}/bin)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/flashoptConfig.cmake.in
   ${_fo_build_pkg}/flashoptConfig.cmake

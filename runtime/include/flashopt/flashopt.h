@@ -98,7 +98,8 @@ typedef enum flashopt_status {
   FLASHOPT_ERROR_STATE = 8,
   /** A bad bundle, manifest or checkpoint file (content, not I/O). */
   FLASHOPT_ERROR_FORMAT = 9,
-  /** A checkpoint of another spec, or of other parameters. */
+  /** A checkpoint of another spec, or of other parameters; ranks that
+   *  registered different layouts. */
   FLASHOPT_ERROR_MISMATCH = 10,
   /** Reading or writing a file failed. */
   FLASHOPT_ERROR_IO = 11,
@@ -109,7 +110,9 @@ typedef enum flashopt_status {
   FLASHOPT_ERROR_NUMERICS = 14,
   /** A CUDA driver call failed. */
   FLASHOPT_ERROR_CUDA = 15,
-  FLASHOPT_ERROR_INTERNAL = 16
+  FLASHOPT_ERROR_INTERNAL = 16,
+  /** A communicator's collective failed (the engine's message follows). */
+  FLASHOPT_ERROR_COMM = 17
 } flashopt_status;
 
 /** What went wrong in the calling thread's most recent failed call (a
@@ -447,6 +450,99 @@ flashopt_save_checkpoint(flashopt_optimizer opt, const char *path,
  *  N + M steps bit for bit (COMPRESSED). */
 FLASHOPT_API flashopt_status flashopt_load_checkpoint(flashopt_optimizer opt,
                                                       const char *path);
+
+/*===----------------------------------------------------------------------===*
+ * Data parallelism
+ *===----------------------------------------------------------------------===*/
+
+/** A communicator: the collectives of an existing engine (MPI today:
+ *  flashopt_mpi.h; NCCL or a framework's own process group through the
+ *  same table), as a table of functions. libflashopt builds every reduction
+ *  of data-parallel training on these few primitives; it moves no bytes of
+ *  its own. */
+typedef struct flashopt_comm_s *flashopt_comm;
+
+/** The engine behind a communicator. Every function returns 0 on success
+ *  or an engine error code (described by `error_string`), and is called by
+ *  every rank in the same order (a collective). Buffers are host memory. */
+typedef struct flashopt_comm_backend {
+  /** FLASHOPT_ABI_VERSION of the header the backend was built against. */
+  int32_t abi_version;
+  /** "mpi", "nccl", ...: for messages. */
+  const char *name;
+  /** This process's rank and the number of ranks. */
+  int32_t rank, size;
+  /** The engine's state, passed to every function. */
+  void *self;
+  /** recv[r * bytes ...] = rank r's `send` (`bytes` each), for every r. */
+  int (*all_gather)(void *self, const void *send, void *recv, size_t bytes);
+  /** Block r of `send` (`bytes` each) goes to rank r; block r of `recv`
+   *  comes from rank r. */
+  int (*all_to_all)(void *self, const void *send, void *recv, size_t bytes);
+  /** `bytes` of `buf` on rank `root` are copied to `buf` on every rank. */
+  int (*broadcast)(void *self, void *buf, size_t bytes, int32_t root);
+  /** Optional (may be NULL): recv = the sum over ranks of block `rank` of
+   *  `send` (`count` floats per block), in the engine's own order. Used by
+   *  FLASHOPT_REDUCE_FAST only. */
+  int (*reduce_scatter_f32)(void *self, const float *send, float *recv,
+                            size_t count);
+  /** Text for an error code (may be NULL). */
+  const char *(*error_string)(void *self, int code);
+  /** Releases `self` (may be NULL), called once by flashopt_comm_destroy. */
+  void (*destroy)(void *self);
+} flashopt_comm_backend;
+
+/** Wraps `backend` (copied) in a communicator handle. */
+FLASHOPT_API flashopt_status
+flashopt_comm_create(const flashopt_comm_backend *backend, flashopt_comm *out);
+/** Destroys a communicator (its backend's destroy runs). Optimizers that use
+ *  it must be destroyed first. */
+FLASHOPT_API flashopt_status flashopt_comm_destroy(flashopt_comm comm);
+/** This process's rank and the world size (either pointer may be NULL). */
+FLASHOPT_API flashopt_status flashopt_comm_get_rank(flashopt_comm comm,
+                                                    int32_t *rank,
+                                                    int32_t *size);
+
+/** How gradients are reduced across ranks. */
+typedef enum flashopt_reduce_mode {
+  /** Each element's owner rank sums the W contributions in rank order in
+   *  fp32: bitwise reproducible, and equal to a single process that sums
+   *  the same way. The default. */
+  FLASHOPT_REDUCE_DETERMINISTIC = 0,
+  /** The engine's own fp32 reduce-scatter (its order). */
+  FLASHOPT_REDUCE_FAST = 1
+} flashopt_reduce_mode;
+
+/** Replicated data parallelism (DDP semantics) over `comm`, called by every
+ *  rank after all parameters are registered: checks that every rank
+ *  registered the same layout (spec, parameter names, sizes, dtypes, param
+ *  groups; a mismatch is FLASHOPT_ERROR_MISMATCH on every rank, naming the
+ *  first difference), then copies parameters, correction terms and states
+ *  from rank 0. From then on flashopt_step first averages the gradients
+ *  over the ranks (fp32 sums, rounded once to the gradient dtype; each
+ *  element reduced once by its owner and then gathered, so the replicas stay
+ *  bit-identical by construction), in buckets of at most `bucket_bytes` of
+ *  gradient (0: 25 MiB) in registration order, then steps; under
+ *  FLASHOPT_NONFINITE_SKIP the ranks agree: a NaN/Inf on any rank skips the
+ *  step on all. Registering more parameters afterwards, flashopt_step_param
+ *  (gradient release) and a second attach are FLASHOPT_ERROR_STATE. */
+FLASHOPT_API flashopt_status
+flashopt_optimizer_attach_comm(flashopt_optimizer opt, flashopt_comm comm,
+                               flashopt_reduce_mode mode, size_t bucket_bytes);
+/** The number of gradient buckets (1 without a communicator). */
+FLASHOPT_API flashopt_status flashopt_num_buckets(flashopt_optimizer opt,
+                                                  int32_t *out);
+/** The parameters of bucket `bucket`: indices [*first, *first + *count). */
+FLASHOPT_API flashopt_status flashopt_bucket_params(flashopt_optimizer opt,
+                                                    int32_t bucket,
+                                                    int64_t *first,
+                                                    int64_t *count);
+/** Averages bucket `bucket`'s gradients now, as soon as they are final (to
+ *  overlap communication with the rest of the backward pass); every rank
+ *  must reduce the same buckets in the same order. flashopt_step reduces
+ *  the buckets not reduced yet, in order. */
+FLASHOPT_API flashopt_status flashopt_reduce_bucket(flashopt_optimizer opt,
+                                                    int32_t bucket);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -87,6 +87,8 @@ const char *flashopt_status_name(flashopt_status status) {
     return "FLASHOPT_ERROR_CUDA";
   case FLASHOPT_ERROR_INTERNAL:
     return "FLASHOPT_ERROR_INTERNAL";
+  case FLASHOPT_ERROR_COMM:
+    return "FLASHOPT_ERROR_COMM";
   }
   return "unknown";
 }
@@ -443,7 +445,23 @@ flashopt_status flashopt_step(flashopt_optimizer opt) {
     for (size_t i = 0; i < all.size(); ++i)
       all[i] = int64_t(i);
     checkStepReady(*o, all);
-    if (o->policy == FLASHOPT_NONFINITE_SKIP && !gradsFinite(*o, all)) {
+    if (o->dp) {
+      // Data parallel: agree on skipping, then average the gradients.
+      if (o->policy == FLASHOPT_NONFINITE_SKIP) {
+        Expected<bool> finite = o->dp->all_finite(*o->opt);
+        if (!finite)
+          fail(FLASHOPT_ERROR_COMM, finite.error());
+        if (!*finite) {
+          o->dp->step_done();
+          ++o->skipped;
+          return;
+        }
+      }
+      Status r = o->dp->reduce_remaining(*o->opt);
+      o->dp->step_done();
+      if (!r)
+        fail(FLASHOPT_ERROR_COMM, r.message());
+    } else if (o->policy == FLASHOPT_NONFINITE_SKIP && !gradsFinite(*o, all)) {
       ++o->skipped;
       return;
     }
@@ -467,6 +485,11 @@ flashopt_status flashopt_step_param(flashopt_optimizer opt, int64_t index) {
   return guard("flashopt_step_param", [&] {
     Locked o(opt);
     checkIndex(*o, index);
+    if (o->dp)
+      fail(FLASHOPT_ERROR_STATE,
+           o->describe(index) + ": gradient release is not possible with "
+                                "replicated data parallelism (the gradients "
+                                "are averaged over the ranks in flashopt_step)");
     std::vector<int64_t> one{index};
     checkStepReady(*o, one);
     if (o->policy == FLASHOPT_NONFINITE_SKIP && !gradsFinite(*o, one)) {

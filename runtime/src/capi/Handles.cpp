@@ -61,6 +61,18 @@ std::shared_ptr<OptObj> getOptimizer(flashopt_optimizer h, bool take) {
   return findHandle(registry().optimizers, h, "optimizer", take);
 }
 
+std::shared_ptr<dist::Communicator> getComm(flashopt_comm h, bool take) {
+  return findHandle(registry().comms, h, "communicator", take);
+}
+
+flashopt_comm registerComm(std::shared_ptr<dist::Communicator> c) {
+  Registry &r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  uint64_t id = r.next++;
+  r.comms.emplace(id, std::move(c));
+  return reinterpret_cast<flashopt_comm>(uintptr_t(id));
+}
+
 flashopt_context registerContext(std::shared_ptr<ContextObj> c) {
   Registry &r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -28,6 +28,7 @@ struct Registry {
   uint64_t next = 1;
   std::unordered_map<uint64_t, std::shared_ptr<ContextObj>> contexts;
   std::unordered_map<uint64_t, std::shared_ptr<OptObj>> optimizers;
+  std::unordered_map<uint64_t, std::shared_ptr<dist::Communicator>> comms;
 };
 
 /// The process-wide registry (never destroyed: safe at exit).
@@ -37,6 +38,12 @@ Registry &registry();
 std::shared_ptr<ContextObj> getContext(flashopt_context h, bool take = false);
 /// The live optimizer behind `h`; with `take`, it also leaves the registry.
 std::shared_ptr<OptObj> getOptimizer(flashopt_optimizer h, bool take = false);
+
+/// The live communicator behind `h`; with `take`, it also leaves the
+/// registry.
+std::shared_ptr<dist::Communicator> getComm(flashopt_comm h, bool take = false);
+/// Registers a communicator; returns its handle.
+flashopt_comm registerComm(std::shared_ptr<dist::Communicator> c);
 
 /// Registers a context; returns its handle.
 flashopt_context registerContext(std::shared_ptr<ContextObj> c);

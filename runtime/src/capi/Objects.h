@@ -16,6 +16,7 @@
 #define FLASHOPT_CAPI_OBJECTS_H
 
 #include "Errors.h"
+#include "dist/DataParallel.h"
 #include "flashopt/flashopt.h"
 #include "flashopt/host/CpuOptimizer.h"
 #include "flashopt/host/CudaOptimizer.h"
@@ -134,6 +135,8 @@ struct OptObj {
   std::map<std::string, int64_t> tensorNames;
   int64_t globalStep = 0, skipped = 0;
   flashopt_nonfinite_policy policy = FLASHOPT_NONFINITE_PROPAGATE;
+  /// Replicated data parallelism, once a communicator is attached.
+  std::unique_ptr<dist::DataParallel> dp;
 
   bool isGpu() const { return cpu == nullptr; }
   /// The status for a failure of the device (CUDA) or the library (CPU).

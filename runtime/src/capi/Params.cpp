@@ -38,6 +38,11 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
               int64_t *out_index) {
   needOut(out_index, "out_index");
   int64_t index = int64_t(o.params.size());
+  if (o.dp)
+    fail(FLASHOPT_ERROR_STATE,
+         "parameter " + std::to_string(index) +
+             ": a communicator is attached; every parameter must be "
+             "registered before flashopt_optimizer_attach_comm");
   if (cname && !*cname)
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
          "parameter " + std::to_string(index) +
