@@ -116,10 +116,23 @@ llvm::Expected<HostCPU> flashopt::target::lookupHostCPU(llvm::StringRef name) {
   auto tm = makeTargetMachine(HostCPU{name.str(), {}});
   if (!tm)
     return tm.takeError();
-  if (!(*tm)->getMCSubtargetInfo()->isCPUStringValid(name))
+  const llvm::MCSubtargetInfo *sti = (*tm)->getMCSubtargetInfo();
+  if (!sti->isCPUStringValid(name))
     return makeError("unknown CPU '" + name + "' for " +
                      llvm::sys::getDefaultTargetTriple());
-  return HostCPU{name.str(), {}};
+  // Any other CPU: the runtime must check every feature the code may use,
+  // so the manifest lists each known feature (abi/CpuFeatures.def) that
+  // LLVM enables for it (else a kernel built for an AVX-512 CPU would be
+  // chosen on any x86-64 host and die with SIGILL).
+  HostCPU cpu{name.str(), {}};
+  for (const std::string &feature : ::flashopt::abi::known_cpu_features()) {
+    // "abm" is CPUID's name for what LLVM calls lzcnt.
+    if (feature == "abm")
+      continue;
+    if (sti->checkFeatures("+" + feature))
+      cpu.requires_.push_back(feature);
+  }
+  return cpu;
 }
 
 llvm::Expected<std::string>

@@ -154,7 +154,7 @@ TEST_CASE("every default CPU flavour names only known CPU features") {
       INFO(f.cpu << " needs " << feature);
       CHECK(is_known_cpu_feature(feature));
     }
-  CHECK(default_x86_cpu_flavours().front().cpu == "x86-64-v3");
+  CHECK(default_x86_cpu_flavours().front().cpu == "x86-64-v4");
   CHECK(default_x86_cpu_flavours().back().features.empty());
   CHECK_FALSE(is_known_cpu_feature("quantum-entanglement"));
 }
