@@ -62,10 +62,13 @@ cat "$WORK/build.log"
 incs=$(grep -o -- '-I[^ "]*\|-isystem [^ "]*' "$WORK/consumer-build/compile_commands.json" |
        sed 's/^-I//; s/^-isystem //' | sort -u)
 echo "include directories: $(echo $incs)"
+# MPI's own headers are the system's (the MPI example only).
+mpi_incs=$(mpicc --showme:incdirs 2>/dev/null || true)
 for d in $incs; do
   case "$d" in
   "$PREFIX"/* | "$WORK/consumer-build"/*) ;;
-  *) fail "the consumer compiled against $d, not the installed tree" ;;
+  *) grep -qxF -- "$d" <<<"$(tr ' ' '\n' <<<"$mpi_incs")" ||
+       fail "the consumer compiled against $d, not the installed tree" ;;
   esac
 done
 grep -q -- "$PREFIX/include" "$WORK/consumer-build/compile_commands.json" ||
@@ -84,6 +87,16 @@ grep -q "libflashopt.so.* => $PREFIX/lib/" <<<"$LDD_OUT" ||
 step "run the consumer (from another directory)"
 (cd "$WORK" && env -u LD_LIBRARY_PATH "$WORK/consumer-build/flashopt-consumer") ||
   fail "flashopt-consumer failed"
+
+if [[ -x "$WORK/consumer-build/flashopt-consumer-mpi" ]]; then
+  step "run the MPI consumer on 2 ranks (flashopt::mpi)"
+  root=(); [[ $(id -u) == 0 ]] && root=(--allow-run-as-root)
+  (cd "$WORK" && env -u LD_LIBRARY_PATH OMPI_MCA_btl_vader_single_copy_mechanism=none \
+    timeout 60 mpirun --oversubscribe "${root[@]}" -np 2 "$WORK/consumer-build/flashopt-consumer-mpi") ||
+    fail "flashopt-consumer-mpi failed"
+elif command -v mpicc >/dev/null; then
+  fail "MPI is installed but the package has no flashopt::mpi"
+fi
 
 step "editing a spec regenerates its bundle"
 touch "$WORK/consumer/consumer_sgd.json"
