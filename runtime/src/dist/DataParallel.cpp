@@ -20,14 +20,21 @@ using namespace flashopt::host;
 std::vector<Bucket> plan_buckets(const std::vector<LayoutEntry> &layout,
                                  int grad_bytes, size_t cap_bytes) {
   std::vector<Bucket> out;
-  const int64_t cap = int64_t(std::max<size_t>(cap_bytes, 1));
-  for (size_t i = 0; i < layout.size(); ++i) {
-    int64_t bytes = layout[i].numel * grad_bytes;
-    if (out.empty() || (out.back().numel * grad_bytes + bytes > cap &&
-                        out.back().count > 0))
-      out.push_back({int64_t(i), 0, 0});
-    out.back().count += 1;
-    out.back().numel += layout[i].numel;
+  const int64_t cap =
+      std::max<int64_t>(1, int64_t(std::max<size_t>(cap_bytes, 1)) / grad_bytes);
+  for (size_t i = 0; i < layout.size(); ++i)
+    for (int64_t off = 0; off < layout[i].numel;) {
+      if (out.empty() || out.back().numel == cap)
+        out.push_back({});
+      Bucket &bk = out.back();
+      int64_t take = std::min(cap - bk.numel, layout[i].numel - off);
+      bk.pieces.push_back({int64_t(i), off, take});
+      bk.numel += take;
+      off += take;
+    }
+  for (Bucket &bk : out) {
+    bk.first = bk.pieces.front().tensor;
+    bk.count = bk.pieces.back().tensor - bk.first + 1;
   }
   return out;
 }
@@ -151,53 +158,72 @@ Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
   try {
     const Bucket &bk = buckets_[size_t(bi)];
     const Manifest &m = opt.manifest();
+    Backend &dev = opt.backend();
     const int64_t W = comm_->size();
+    const int64_t es = dtype_size(m.grad);
     const int64_t slice = (bk.numel + W - 1) / W;
-    // The bucket's gradients as fp32, padded to W slices.
-    std::vector<float> flat(size_t(slice * W), 0.0f);
+    // The bucket's gradients, packed in their own dtype and padded to W
+    // slices (read straight from the gradient buffers, piece by piece).
+    std::vector<uint8_t> packed(size_t(slice * W * es), 0);
     int64_t at = 0;
-    for (int64_t i = bk.first; i < bk.first + bk.count; ++i) {
-      Expected<std::vector<uint8_t>> g = opt.read_buffer(i, "grad");
+    for (const Piece &pc : bk.pieces) {
+      Expected<BufferView> g = opt.buffer(pc.tensor, "grad");
       if (!g)
         return g.status();
-      int64_t n = opt.tensor(i).numel;
-      codec::widen(g->data(), m.grad, n, flat.data() + at);
-      at += n;
-    }
-    // Reduce-scatter: this rank's slice, summed over the ranks.
-    std::vector<float> mine(size_t(slice), 0.0f);
-    if (deterministic_) {
-      std::vector<float> parts(size_t(slice * W));
-      if (Status s = comm_->all_to_all(flat.data(), parts.data(),
-                                       size_t(slice) * sizeof(float));
+      if (Status s = dev.read(static_cast<const uint8_t *>(g->data) +
+                                  pc.offset * es,
+                              packed.data() + at * es, pc.count * es);
           !s)
         return s;
-      for (int64_t r = 0; r < W; ++r) // rank order, fp32
-        for (int64_t k = 0; k < slice; ++k)
-          mine[size_t(k)] = r == 0 ? parts[size_t(k)]
-                                   : mine[size_t(k)] + parts[size_t(r * slice + k)];
-    } else if (Status s = comm_->reduce_scatter_f32(flat.data(), mine.data(),
-                                                    size_t(slice));
-               !s) {
-      return s;
+      at += pc.count;
+    }
+    // Reduce-scatter: this rank's slice, summed over the ranks in fp32,
+    // averaged and rounded once to the gradient dtype.
+    std::vector<float> sum(size_t(slice), 0.0f);
+    if (deterministic_) {
+      // The W contributions travel in the gradient dtype (widening is
+      // exact) and are summed in rank order.
+      std::vector<uint8_t> parts(packed.size());
+      if (Status s = comm_->all_to_all(packed.data(), parts.data(),
+                                       size_t(slice * es));
+          !s)
+        return s;
+      std::vector<float> wide(static_cast<size_t>(slice));
+      for (int64_t r = 0; r < W; ++r) {
+        codec::widen(parts.data() + r * slice * es, m.grad, slice,
+                     r == 0 ? sum.data() : wide.data());
+        if (r > 0)
+          for (int64_t k = 0; k < slice; ++k)
+            sum[size_t(k)] = sum[size_t(k)] + wide[size_t(k)];
+      }
+    } else {
+      std::vector<float> flat(size_t(slice * W));
+      codec::widen(packed.data(), m.grad, slice * W, flat.data());
+      if (Status s = comm_->reduce_scatter_f32(flat.data(), sum.data(),
+                                               size_t(slice));
+          !s)
+        return s;
     }
     const float w = float(W);
-    for (float &x : mine)
+    for (float &x : sum)
       x = x / w;
-    // All-gather the averaged slices and write them back, rounded once.
-    if (Status s = comm_->all_gather(mine.data(), flat.data(),
-                                     size_t(slice) * sizeof(float));
+    std::vector<uint8_t> mine(size_t(slice * es));
+    codec::narrow(sum.data(), slice, m.grad, mine.data());
+    // All-gather the averaged slices and write them back.
+    if (Status s = comm_->all_gather(mine.data(), packed.data(),
+                                     size_t(slice * es));
         !s)
       return s;
     at = 0;
-    for (int64_t i = bk.first; i < bk.first + bk.count; ++i) {
-      int64_t n = opt.tensor(i).numel;
-      std::vector<uint8_t> out(size_t(n * dtype_size(m.grad)));
-      codec::narrow(flat.data() + at, n, m.grad, out.data());
-      if (Status s = opt.write_buffer(i, "grad", out.data(), int64_t(out.size()));
+    for (const Piece &pc : bk.pieces) {
+      Expected<BufferView> g = opt.buffer(pc.tensor, "grad");
+      if (!g)
+        return g.status();
+      if (Status s = dev.write(static_cast<uint8_t *>(g->data) + pc.offset * es,
+                               packed.data() + at * es, pc.count * es);
           !s)
         return s;
-      at += n;
+      at += pc.count;
     }
     reduced_[size_t(bi)] = true;
     return Status::success();

@@ -40,14 +40,22 @@ struct LayoutEntry {
   int32_t group = 0;
 };
 
-/// Consecutive parameters [first, first + count) reduced together.
+/// Elements [offset, offset + count) of tensor `tensor`'s gradient.
+struct Piece {
+  int64_t tensor = 0, offset = 0, count = 0;
+};
+
+/// Gradient elements reduced together: consecutive pieces of consecutive
+/// parameters [first, first + count).
 struct Bucket {
+  std::vector<Piece> pieces;
   int64_t first = 0, count = 0;
   int64_t numel = 0; ///< elements of gradient in the bucket
 };
 
-/// Buckets of at most `cap_bytes` of gradient (a larger tensor is a bucket
-/// of its own), in registration order.
+/// Buckets of `cap_bytes` of gradient each (the last one less), filled in
+/// registration order; a tensor larger than what is left of a bucket
+/// continues in the next, so the staging memory is bounded by the cap.
 std::vector<Bucket> plan_buckets(const std::vector<LayoutEntry> &layout,
                                  int grad_bytes, size_t cap_bytes);
 
