@@ -25,7 +25,8 @@
 # Environment: OUT (log folder), FLASHOPT_KERNELS (build/kernels),
 # FLASHOPT_DEVICE_DEPS (build/device-deps), FLASHOPT_DEVICE_BUILD
 # (build-device), FLASHOPT_JOBS (nproc), FLASHOPT_DEVICE_CHECK_BUDGET (350 s),
-# FLASHOPT_DEVICE_NO_CMAKE=1 (build with the compiler directly, as without cmake).
+# FLASHOPT_DEVICE_NO_CMAKE=1 (build with the compiler directly, as without cmake),
+# FLASHOPT_DEVICE_BUILD_LIMIT (seconds for the build step, default 300).
 #
 # Exit status: 0 when the build, the unit tests and flashopt-gpu-check pass
 # (benchmarks are reported, not judged, but must run); 77 with "no NVIDIA
@@ -223,7 +224,7 @@ else
   } >"$BUILD_SCRIPT"
   BUILD_HOW="$CXX_BIN directly (cmake missing)"
 fi
-run_step "build" 180 "$LOGS/build.log" bash "$BUILD_SCRIPT"
+run_step "build" "${FLASHOPT_DEVICE_BUILD_LIMIT:-300}" "$LOGS/build.log" bash "$BUILD_SCRIPT"
 record "build" "$(status_of $RC)" "$STEP_TIME" "$BUILD_HOW"
 if ((RC != 0)); then
   say "device-check: the build failed; see $LOGS/build.log"

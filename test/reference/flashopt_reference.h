@@ -336,6 +336,7 @@ struct Rule {
   Rule(const std::string &rule, const std::map<std::string, float> &hypers,
        int64_t step)
       : name(rule), h(default_hypers(rule)), t(step) {
+    h["grad_scale"] = 1.0f; // every kernel's last hyper-parameter
     for (auto &kv : hypers)
       if (h.count(kv.first))
         h[kv.first] = kv.second;
@@ -471,7 +472,7 @@ inline void reference_step(const Config &cfg,
       } else {
         theta = widen(cfg.param, param, e);
       }
-      float gval = widen(cfg.grad, grad, e);
+      float gval = widen(cfg.grad, grad, e) * rule.h["grad_scale"];
       std::vector<float> s(ns);
       for (size_t k = 0; k < ns; ++k) {
         const StateEncoding &enc = cfg.states[k];

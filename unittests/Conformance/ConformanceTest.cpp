@@ -389,6 +389,7 @@ std::map<std::string, float> hyperVariant(const std::string &rule, int v) {
     h["weight_decay"] = 0.02f;
     h["decouple_lr"] = 1.0f;
     h["initial_lr"] = 0.01f;
+    h["grad_scale"] = 0.375f; // every kernel's gradient scale
     h["beta1"] = rule == "lion" ? 0.5f : 0.8f;
     h["beta2"] = rule == "lion" ? 0.75f : 0.95f;
     if (rule == "sgd" || rule == "sgdw") {

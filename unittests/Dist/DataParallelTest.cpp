@@ -15,6 +15,8 @@
 ///    same gradients in rank order in fp32 (SGD, SGD + momentum, AdamW-24,
 ///    Lion-24; sizes 1, 31, 33, 100, 4097: divisible neither by W nor by
 ///    32, some smaller than W x 32; several buckets, one reduced early);
+///  - gradient-norm clipping: the same global norm on every rank, equal to
+///    the reference's;
 ///  - a NaN on one rank skips the step on every rank (SKIP policy);
 ///  - a layout that differs on one rank is FLASHOPT_ERROR_MISMATCH on every
 ///    rank, naming the rank and the line; registering, gradient release and
@@ -172,8 +174,10 @@ bool sameEverywhere(uint64_t h) {
 void replicatedEqualsReference(flashopt_comm comm, const std::string &spec,
                                const std::vector<std::pair<const char *, double>>
                                    &hypers,
-                               flashopt_reduce_mode mode) {
-  std::string what = spec + (mode == FLASHOPT_REDUCE_FAST ? " (fast)" : "");
+                               flashopt_reduce_mode mode,
+                               double maxGradNorm = 0.0) {
+  std::string what = spec + (mode == FLASHOPT_REDUCE_FAST ? " (fast)" : "") +
+                     (maxGradNorm > 0 ? " (clipped)" : "");
   // Different initial values on every rank: attach copies rank 0's.
   Opt dp(spec, 11 + uint64_t(rank), hypers);
   OK(flashopt_optimizer_attach_comm(dp.opt, comm, mode, /*bucket_bytes=*/256));
@@ -183,6 +187,10 @@ void replicatedEqualsReference(flashopt_comm comm, const std::string &spec,
   EXPECT(sameEverywhere(dp.hash()), what + ": rank 0's state everywhere");
   // One process with rank 0's initial values and the rank-order average.
   Opt ref(spec, 11, hypers);
+  if (maxGradNorm > 0) {
+    OK(flashopt_set_max_grad_norm(dp.opt, maxGradNorm));
+    OK(flashopt_set_max_grad_norm(ref.opt, maxGradNorm));
+  }
   EXPECT(ref.hash() == dp.hash() || rank != 0, what + ": same start");
   for (int k = 1; k <= 4; ++k) {
     std::vector<Tensor> mine = gradsOf(dp.gdt, rank, k);
@@ -215,6 +223,16 @@ void replicatedEqualsReference(flashopt_comm comm, const std::string &spec,
                  std::to_string(k) + " equals the single-process reference");
     }
     EXPECT(dp.hash() == ref.hash(), what + ": masters equal the reference");
+    if (maxGradNorm > 0) {
+      double a = -1, b = -2;
+      OK(flashopt_get_grad_norm(dp.opt, &a));
+      OK(flashopt_get_grad_norm(ref.opt, &b));
+      EXPECT(a == b && a > maxGradNorm,
+             what + ": the same global norm on every rank, and it clipped");
+      uint64_t bits;
+      std::memcpy(&bits, &a, sizeof bits);
+      EXPECT(sameEverywhere(bits), what + ": the norm agrees across ranks");
+    }
   }
 }
 
@@ -313,6 +331,8 @@ int main(int argc, char **argv) {
                             FLASHOPT_REDUCE_DETERMINISTIC);
   replicatedEqualsReference(comm, "adamw_bf16_m24", {{"lr", 1e-2}},
                             FLASHOPT_REDUCE_FAST);
+  replicatedEqualsReference(comm, "sgd_bf16_m24", {{"momentum", 0.9}},
+                            FLASHOPT_REDUCE_DETERMINISTIC, /*maxGradNorm=*/1.0);
   nanOnOneRankSkipsEverywhere(comm);
   misuseIsRefused(comm);
   if (world > 1)

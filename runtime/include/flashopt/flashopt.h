@@ -339,6 +339,23 @@ FLASHOPT_API flashopt_status flashopt_step(flashopt_optimizer opt);
  *  flashopt_step, bit for bit. */
 FLASHOPT_API flashopt_status flashopt_step_param(flashopt_optimizer opt,
                                                  int64_t index);
+/** Gradient-norm clipping (torch's clip_grad_norm_ with the L2 norm): before
+ *  each flashopt_step, the global norm of the gradients is computed in a
+ *  fixed order (in double: the same bits for any thread count; each param
+ *  group's gradients counted with its "grad_scale"; after the average over
+ *  the ranks when a communicator is attached, so every rank gets the same
+ *  norm), and when it exceeds `max_norm` every gradient is scaled by
+ *  max_norm / (norm + 1e-6) inside the step kernel (multiplied into
+ *  "grad_scale" for that step: no extra pass over memory). A NaN norm clips
+ *  nothing (the NaN policy decides). 0 turns it off (the default).
+ *  flashopt_step_param is refused while it is on. CPU contexts only so far
+ *  (FLASHOPT_ERROR_UNSUPPORTED on CUDA). */
+FLASHOPT_API flashopt_status flashopt_set_max_grad_norm(flashopt_optimizer opt,
+                                                        double max_norm);
+/** The global gradient norm computed by the last flashopt_step (before
+ *  clipping), or -1 when clipping is off or no step has run. */
+FLASHOPT_API flashopt_status flashopt_get_grad_norm(flashopt_optimizer opt,
+                                                    double *out);
 /** The step counter of parameter `index`, or with index -1 the number of
  *  flashopt_step calls that stepped (skipped ones excluded). */
 FLASHOPT_API flashopt_status flashopt_get_step(flashopt_optimizer opt,

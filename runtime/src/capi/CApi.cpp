@@ -465,15 +465,20 @@ flashopt_status flashopt_step(flashopt_optimizer opt) {
       ++o->skipped;
       return;
     }
+    // Clipping folds its factor into grad_scale for this step only.
+    std::vector<float> saved = applyClipping(*o);
     // One kernel call per distinct step counter (one when all are equal).
     std::map<int64_t, std::vector<int64_t>> byStep;
     for (size_t i = 0; i < o->params.size(); ++i)
       byStep[o->params[i].step].push_back(int64_t(i));
     for (const auto &kv : byStep) {
       Status s = o->opt->step_tensors(kv.second, kv.first + 1);
-      if (!s)
+      if (!s) {
+        restoreGradScales(*o, saved);
         stepFailure(*o, s);
+      }
     }
+    restoreGradScales(*o, saved);
     for (ParamRec &p : o->params)
       ++p.step;
     ++o->globalStep;
@@ -485,6 +490,11 @@ flashopt_status flashopt_step_param(flashopt_optimizer opt, int64_t index) {
   return guard("flashopt_step_param", [&] {
     Locked o(opt);
     checkIndex(*o, index);
+    if (o->maxGradNorm > 0.0)
+      fail(FLASHOPT_ERROR_STATE,
+           o->describe(index) + ": gradient release is not possible with "
+                                "gradient-norm clipping (it needs every "
+                                "gradient first)");
     if (o->dp)
       fail(FLASHOPT_ERROR_STATE,
            o->describe(index) + ": gradient release is not possible with "
@@ -501,6 +511,37 @@ flashopt_status flashopt_step_param(flashopt_optimizer opt, int64_t index) {
     if (!s)
       stepFailure(*o, s);
     ++p.step;
+  });
+}
+
+flashopt_status flashopt_set_max_grad_norm(flashopt_optimizer opt,
+                                           double max_norm) {
+  return guard("flashopt_set_max_grad_norm", [&] {
+    Locked o(opt);
+    if (!std::isfinite(max_norm) || max_norm < 0.0)
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+           "max_norm must be finite and >= 0 (0 turns clipping off), got " +
+               fmt(max_norm));
+    if (max_norm > 0.0 && o->isGpu())
+      fail(FLASHOPT_ERROR_UNSUPPORTED,
+           "gradient-norm clipping is not supported on CUDA contexts yet (it "
+           "needs a device-side reduction)");
+    if (max_norm > 0.0 &&
+        o->m->hyper_index(flashopt::abi::kGradScaleHyper) < 0)
+      fail(FLASHOPT_ERROR_UNSUPPORTED,
+           o->m->name + " has no \"grad_scale\" hyper-parameter (a bundle "
+                        "from an older flashopt-gen): regenerate it");
+    o->maxGradNorm = max_norm;
+    if (max_norm == 0.0)
+      o->lastGradNorm = -1.0;
+  });
+}
+
+flashopt_status flashopt_get_grad_norm(flashopt_optimizer opt, double *out) {
+  return guard("flashopt_get_grad_norm", [&] {
+    needOut(out, "out");
+    Locked o(opt);
+    *out = o->lastGradNorm;
   });
 }
 

@@ -135,6 +135,8 @@ struct OptObj {
   std::map<std::string, int64_t> tensorNames;
   int64_t globalStep = 0, skipped = 0;
   flashopt_nonfinite_policy policy = FLASHOPT_NONFINITE_PROPAGATE;
+  /// Gradient-norm clipping (0: off) and the last norm computed (-1: none).
+  double maxGradNorm = 0.0, lastGradNorm = -1.0;
   /// Replicated data parallelism, once a communicator is attached.
   std::unique_ptr<dist::DataParallel> dp;
 

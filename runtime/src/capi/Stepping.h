@@ -25,6 +25,14 @@ void checkStepReady(OptObj &o, const std::vector<int64_t> &idx);
 /// hyper-parameter, else CUDA (GPU) or INTERNAL (CPU).
 [[noreturn]] void stepFailure(OptObj &o, const Status &s);
 
+/// With clipping on: the global gradient norm (recorded in
+/// o.lastGradNorm) and, when it exceeds the maximum, every param group's
+/// grad_scale multiplied by the clip factor; returns the values to restore
+/// after the step (empty when nothing changed).
+std::vector<float> applyClipping(OptObj &o);
+/// Restores the grad_scale values applyClipping returned.
+void restoreGradScales(OptObj &o, const std::vector<float> &saved);
+
 /// Whether the gradients of `idx` are all finite (UNSUPPORTED where the
 /// backend cannot scan them).
 bool gradsFinite(OptObj &o, const std::vector<int64_t> &idx);

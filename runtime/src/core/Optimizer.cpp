@@ -439,6 +439,24 @@ Expected<bool> Optimizer::grads_finite(const std::vector<int64_t> &indices) {
   }
 }
 
+Expected<std::vector<double>>
+Optimizer::grad_sum_squares(const std::vector<int64_t> &indices) {
+  const Impl &I = *impl_;
+  try {
+    std::vector<ScanRange> ranges;
+    for (int64_t i : indices) {
+      if (i < 0 || i >= int64_t(I.tensors.size()))
+        return Status::error("grad_sum_squares: no tensor " +
+                             std::to_string(i));
+      const TensorInfo &ti = I.tensors[size_t(i)];
+      ranges.push_back({ti.grad, ti.grad ? ti.numel : 0});
+    }
+    return I.backend->sum_squares(ranges, I.m->grad);
+  } catch (const std::exception &e) {
+    return Status::error(std::string("grad_sum_squares: ") + e.what());
+  }
+}
+
 int64_t Optimizer::step_count() const { return impl_->t; }
 void Optimizer::set_step_count(int64_t t) { impl_->t = t; }
 Status Optimizer::synchronize() { return impl_->backend->synchronize(); }

@@ -14,6 +14,7 @@
 #include "flashopt/host/CpuOptimizer.h"
 
 #include "ThreadPool.h"
+#include "flashopt/host/Float16.h"
 
 #include <algorithm>
 #include <atomic>
@@ -93,6 +94,30 @@ bool allFinite(const void *data, DType dtype, int64_t begin, int64_t end) {
   default:
     return true; // integer gradients do not exist; nothing to scan
   }
+}
+
+/// The sum of x^2 over elements [begin, end) of a BF16/F16/F32 buffer, in
+/// double, in order.
+double sumSquares(const void *data, DType dtype, int64_t begin, int64_t end) {
+  double s = 0.0;
+  for (int64_t i = begin; i < end; ++i) {
+    float x;
+    switch (dtype) {
+    case DType::F32:
+      x = static_cast<const float *>(data)[i];
+      break;
+    case DType::BF16:
+      x = bf16_to_f32(static_cast<const uint16_t *>(data)[i]);
+      break;
+    case DType::F16:
+      x = f16_to_f32(static_cast<const uint16_t *>(data)[i]);
+      break;
+    default:
+      x = 0.0f;
+    }
+    s += double(x) * double(x);
+  }
+  return s;
 }
 
 } // namespace
@@ -218,6 +243,37 @@ public:
       for (size_t k = 0; k < pieces.size(); ++k)
         scan(int64_t(k));
     return finite.load();
+  }
+
+  Expected<std::vector<double>>
+  sum_squares(const std::vector<ScanRange> &ranges, DType dtype) override {
+    // Fixed pieces, each summed in order into its own slot, then added in
+    // order: the same result whatever the pool does.
+    struct Piece {
+      const void *data;
+      int64_t begin, end;
+      size_t range;
+    };
+    std::vector<Piece> pieces;
+    const int64_t kPiece = int64_t(1) << 16;
+    for (size_t r = 0; r < ranges.size(); ++r)
+      for (int64_t off = 0; off < ranges[r].numel; off += kPiece)
+        pieces.push_back({ranges[r].data, off,
+                          std::min(ranges[r].numel, off + kPiece), r});
+    std::vector<double> partial(pieces.size(), 0.0);
+    auto sum = [&](int64_t k) {
+      const Piece &p = pieces[size_t(k)];
+      partial[size_t(k)] = sumSquares(p.data, dtype, p.begin, p.end);
+    };
+    if (pool_ && pieces.size() > 1)
+      pool_->run(int64_t(pieces.size()), sum);
+    else
+      for (size_t k = 0; k < pieces.size(); ++k)
+        sum(int64_t(k));
+    std::vector<double> out(ranges.size(), 0.0);
+    for (size_t k = 0; k < pieces.size(); ++k)
+      out[pieces[k].range] += partial[k];
+    return out;
   }
 
   Status synchronize() override { return Status::success(); }

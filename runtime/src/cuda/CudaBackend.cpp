@@ -231,6 +231,12 @@ public:
                          "CUDA yet (it needs a device-side scan)");
   }
 
+  Expected<std::vector<double>> sum_squares(const std::vector<ScanRange> &,
+                                            DType) override {
+    return Status::error("gradient norms are not computed on CUDA yet (it "
+                         "needs a device-side reduction)");
+  }
+
   Status synchronize() override {
     CudaContext::Scope scope(*ctx_);
     if (!scope.ok())

@@ -51,6 +51,13 @@ inline constexpr int64_t kSliceAlignEntries = 64;
 /// Threads per block every GPU kernel is built for and launched with.
 inline constexpr int kGpuThreadsPerBlock = 256;
 
+/// The hyper-parameter every step kernel has after the rule's own (the last
+/// column of the hyper table, default 1): the gradient is multiplied by it
+/// before the rule runs. The runtime folds per-step gradient scales into it
+/// (gradient clipping; 1/(N*W) of accumulated micro-batches), so no pass
+/// over the gradient memory is needed for them.
+inline constexpr const char *kGradScaleHyper = "grad_scale";
+
 /// The C signature of every step kernel, as the manifest states it.
 inline constexpr const char *kKernelSignature =
     "void symbol(const int64_t *table, int64_t ntensors, const float "

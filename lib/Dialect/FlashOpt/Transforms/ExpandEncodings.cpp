@@ -14,6 +14,7 @@
 ///
 //===----------------------------------------------------------------------===//
 
+#include "flashopt/abi/KernelAbi.h"
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
 #include "flashopt/Dialect/FlashOpt/Transforms/Passes.h"
 
@@ -183,8 +184,16 @@ LogicalResult expandOptimizer(OptimizerOp op) {
   BufferPlan plan = planBuffers(op);
 
   SmallVector<Attribute> hyperNames;
-  for (HyperOp h : getHypers(op))
+  for (HyperOp h : getHypers(op)) {
+    if (h.getName() == ::flashopt::abi::kGradScaleHyper)
+      return h.emitOpError()
+             << "declares \"" << ::flashopt::abi::kGradScaleHyper
+             << "\", which every kernel gets after the rule's hyper-parameters "
+                "(the scale of the gradient); use another name";
     hyperNames.push_back(StringAttr::get(ctx, h.getName()));
+  }
+  // The gradient's scale, last (docs/KERNEL-ABI.md).
+  hyperNames.push_back(StringAttr::get(ctx, ::flashopt::abi::kGradScaleHyper));
 
   auto kernel = KernelOp::create(b, loc, op.getSymName(), plan.groupSize,
                                  b.getArrayAttr(plan.buffers),
@@ -203,6 +212,11 @@ LogicalResult expandOptimizer(OptimizerOp op) {
       continue;
     kb.clone(inner, mapping);
   }
+  Value gradScale =
+      HyperOp::create(kb, loc, kb.getF32Type(),
+                      kb.getStringAttr(::flashopt::abi::kGradScaleHyper),
+                      kb.getF32FloatAttr(1.0f))
+          .getResult();
 
   auto body = GroupBodyOp::create(kb, loc);
   Block *bodyBlock = new Block();
@@ -226,7 +240,9 @@ LogicalResult expandOptimizer(OptimizerOp op) {
   Value theta = master.hasCorrection()
                     ? em.decodeMaster(paramValue, load(plan.correction))
                     : em.widen(paramValue);
-  Value grad = em.widen(load(plan.grad));
+  // The gradient times its scale (exact when the scale is 1).
+  Value grad = arith::MulFOp::create(gb, loc, em.widen(load(plan.grad)),
+                                     gradScale);
   SmallVector<Value> decodedStates;
   SmallVector<StateOp> states = getStates(op);
   for (auto [state, buffers] : llvm::zip(states, plan.states)) {

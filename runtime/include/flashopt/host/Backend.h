@@ -99,6 +99,12 @@ public:
   /// Whether every element of every range (of dtype `dtype`) is finite.
   virtual Expected<bool> all_finite(const std::vector<ScanRange> &ranges,
                                     DType dtype) = 0;
+  /// The sum of the squares of each range's elements (of dtype `dtype`), in
+  /// double, deterministically: fixed pieces of 65536 elements, each summed
+  /// in order, the pieces added in order — the same bits for any number of
+  /// threads.
+  virtual Expected<std::vector<double>>
+  sum_squares(const std::vector<ScanRange> &ranges, DType dtype) = 0;
   /// Waits for all work of this backend's queue.
   virtual Status synchronize() = 0;
 

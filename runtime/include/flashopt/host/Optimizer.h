@@ -115,6 +115,10 @@ public:
   /// Whether every gradient element of tensors `indices` is finite (no NaN
   /// or +-Inf). Missing gradients and bad indices are skipped.
   Expected<bool> grads_finite(const std::vector<int64_t> &indices);
+  /// The sum of the squares of the gradient of each tensor of `indices`
+  /// (double; deterministic: Backend::sum_squares). A missing gradient is 0.
+  Expected<std::vector<double>>
+  grad_sum_squares(const std::vector<int64_t> &indices);
   /// The number of the last step taken (0 before the first).
   int64_t step_count() const;
   /// Sets the step counter (checkpoint restore): the next step runs t + 1.

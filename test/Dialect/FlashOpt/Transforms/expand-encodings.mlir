@@ -4,12 +4,15 @@
 // inlined in order, the prologue stays outside the group body.
 // CHECK-LABEL: flashopt.kernel @sgd_f32 group_size(32)
 // CHECK-SAME: buffers([#flashopt.buffer<"param", f32, element, readwrite>, #flashopt.buffer<"grad", f32, element, read>, #flashopt.buffer<"m", f32, element, readwrite>])
-// CHECK-SAME: hypers(["lr", "mu"])
+// Every kernel gets the gradient's scale as its last hyper-parameter.
+// CHECK-SAME: hypers(["lr", "mu", "grad_scale"])
 // CHECK: %[[LR:.*]] = flashopt.hyper "lr"
 // CHECK: %[[MU:.*]] = flashopt.hyper "mu"
+// CHECK: %[[GS:.*]] = flashopt.hyper "grad_scale" default(1.000000e+00) : f32
 // CHECK: flashopt.group_body {
 // CHECK:   %[[P:.*]] = flashopt.load_element 0 : f32
-// CHECK:   %[[G:.*]] = flashopt.load_element 1 : f32
+// CHECK:   %[[G0:.*]] = flashopt.load_element 1 : f32
+// CHECK:   %[[G:.*]] = arith.mulf %[[G0]], %[[GS]] : f32
 // CHECK:   %[[M:.*]] = flashopt.load_element 2 : f32
 // CHECK:   %[[MM:.*]] = arith.mulf %[[M]], %[[MU]] : f32
 // CHECK:   %[[MN:.*]] = arith.addf %[[MM]], %[[G]] : f32
