@@ -1,4 +1,5 @@
-//===- dist_bench.cpp - Where a data-parallel step spends its time ----------===//
+//===- dist_bench.cpp - Where a data-parallel step spends its time
+//----------===//
 //
 // Part of flashopt.
 //
@@ -74,7 +75,8 @@ int main(int argc, char **argv) {
   flashopt_optimizer opt;
   CHECK_OK(flashopt_context_create(FLASHOPT_DEVICE_CPU, 0, &ctx));
   CHECK_OK(flashopt_context_set_threads(ctx, 1));
-  CHECK_OK(flashopt_optimizer_create(ctx, (kernels + "/" + spec).c_str(), &opt));
+  CHECK_OK(
+      flashopt_optimizer_create(ctx, (kernels + "/" + spec).c_str(), &opt));
   flashopt_optimizer_info info{};
   CHECK_OK(flashopt_optimizer_get_info(opt, &info));
   const size_t pb = flashopt_dtype_size(info.param_dtype),
@@ -118,7 +120,8 @@ int main(int argc, char **argv) {
     std::printf("| reduce (average of the gradients) | %.2f | %.2f |\n", mr,
                 mr / ms);
     std::printf("| step (fused kernel) | %.2f | 1.00 |\n", ms);
-    std::printf("| memcpy of the gradient bytes | %.2f | %.2f |\n", mc, mc / ms);
+    std::printf("| memcpy of the gradient bytes | %.2f | %.2f |\n", mc,
+                mc / ms);
   }
   flashopt_optimizer_destroy(opt);
   flashopt_context_destroy(ctx);

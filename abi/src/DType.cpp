@@ -1,4 +1,5 @@
-//===- DType.cpp - Storage dtypes of the kernel ABI ------------------------===//
+//===- DType.cpp - Storage dtypes of the kernel ABI
+//------------------------===//
 //
 // Part of flashopt.
 //

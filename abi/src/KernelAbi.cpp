@@ -1,4 +1,5 @@
-//===- KernelAbi.cpp - Constants of the kernel ABI -------------------------===//
+//===- KernelAbi.cpp - Constants of the kernel ABI
+//-------------------------===//
 //
 // Part of flashopt.
 //
@@ -40,7 +41,8 @@ std::vector<std::string> splitCommas(std::string_view s) {
 
 const std::vector<CpuFlavour> &default_x86_cpu_flavours() {
   static const std::vector<CpuFlavour> flavours = {
-#define FLASHOPT_CPU_FLAVOUR(cpu, features) CpuFlavour{cpu, splitCommas(features)},
+#define FLASHOPT_CPU_FLAVOUR(cpu, features)                                    \
+  CpuFlavour{cpu, splitCommas(features)},
 #include "flashopt/abi/CpuFeatures.def"
   };
   return flavours;

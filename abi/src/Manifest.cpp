@@ -1,4 +1,5 @@
-//===- Manifest.cpp - The bundle manifest model ----------------------------===//
+//===- Manifest.cpp - The bundle manifest model
+//----------------------------===//
 //
 // Part of flashopt.
 //
@@ -27,7 +28,8 @@ const char *state_kind_name(StateKind k) {
 }
 
 std::optional<StateKind> parse_state_kind(std::string_view n) {
-  for (StateKind k : {StateKind::Quantized, StateKind::Plain, StateKind::Elided})
+  for (StateKind k :
+       {StateKind::Quantized, StateKind::Plain, StateKind::Elided})
     if (n == state_kind_name(k))
       return k;
   return std::nullopt;
@@ -81,7 +83,8 @@ BytesPerParam Manifest::computed_bytes_per_param() const {
 std::vector<StateBuffer> state_buffers(const StateSpec &s) {
   switch (s.kind) {
   case StateKind::Quantized:
-    return {{".codes", s.storage, Per::Element}, {".scales", s.scale, Per::Group}};
+    return {{".codes", s.storage, Per::Element},
+            {".scales", s.scale, Per::Group}};
   case StateKind::Plain:
     return {{"", s.storage, Per::Element}};
   case StateKind::Elided:
@@ -94,12 +97,13 @@ std::vector<BufferSpec> implied_buffers(const Manifest &m) {
   std::vector<BufferSpec> out;
   out.push_back({"param", m.param, Per::Element, true, BufferRole::Param});
   if (m.correction)
-    out.push_back(
-        {"correction", *m.correction, Per::Element, true, BufferRole::Correction});
+    out.push_back({"correction", *m.correction, Per::Element, true,
+                   BufferRole::Correction});
   out.push_back({"grad", m.grad, Per::Element, false, BufferRole::Grad});
   for (const StateSpec &s : m.states)
     for (const StateBuffer &b : state_buffers(s))
-      out.push_back({s.name + b.suffix, b.dtype, b.per, true, BufferRole::State});
+      out.push_back(
+          {s.name + b.suffix, b.dtype, b.per, true, BufferRole::State});
   return out;
 }
 

@@ -1,4 +1,5 @@
-//===- ManifestWriter.cpp - Writing manifests ------------------------------===//
+//===- ManifestWriter.cpp - Writing manifests
+//------------------------------===//
 //
 // Part of flashopt.
 //
@@ -30,8 +31,9 @@ std::string write_manifest(const Manifest &m) {
   if (!m.description.empty())
     j["description"] = m.description;
   j["group_size"] = m.group_size;
-  j["param"] = {{"dtype", dtype_name(m.param)},
-                {"correction", m.correction ? dtype_name(*m.correction) : "none"}};
+  j["param"] = {
+      {"dtype", dtype_name(m.param)},
+      {"correction", m.correction ? dtype_name(*m.correction) : "none"}};
   j["grad"] = dtype_name(m.grad);
   ordered_json hypers = ordered_json::array();
   for (const HyperSpec &h : m.hypers) {
@@ -73,13 +75,13 @@ std::string write_manifest(const Manifest &m) {
   j["table"] = {{"header_words", m.header_words},
                 {"record_words", m.record_words}};
   const BytesPerParam &bytes = m.bytes_per_param;
-  j["bytes_per_param"] = {{"param", bytes.param},
-                          {"correction", bytes.correction},
-                          {"grad", bytes.grad},
-                          {"states", bytes.states},
-                          {"total", bytes.total},
-                          {"total_with_grad_release",
-                           bytes.total_with_grad_release}};
+  j["bytes_per_param"] = {
+      {"param", bytes.param},
+      {"correction", bytes.correction},
+      {"grad", bytes.grad},
+      {"states", bytes.states},
+      {"total", bytes.total},
+      {"total_with_grad_release", bytes.total_with_grad_release}};
   ordered_json kernels = ordered_json::array();
   for (const KernelEntry &k : m.kernels) {
     ordered_json e;

@@ -1,4 +1,5 @@
-//===- MpiComm.cpp - MPI communicators for libflashopt ---------------------===//
+//===- MpiComm.cpp - MPI communicators for libflashopt
+//---------------------===//
 //
 // Part of flashopt.
 //

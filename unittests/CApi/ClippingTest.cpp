@@ -1,4 +1,5 @@
-//===- ClippingTest.cpp - Gradient-norm clipping through the C ABI ----------===//
+//===- ClippingTest.cpp - Gradient-norm clipping through the C ABI
+//----------===//
 //
 // Part of flashopt.
 //
@@ -36,7 +37,8 @@ struct Sgd {
   std::vector<std::vector<float>> p, g;
   explicit Sgd(const std::vector<int64_t> &sizes, int threads = 1,
                uint32_t seed = 7) {
-    REQUIRE(flashopt_context_create(FLASHOPT_DEVICE_CPU, 0, &ctx) == FLASHOPT_OK);
+    REQUIRE(flashopt_context_create(FLASHOPT_DEVICE_CPU, 0, &ctx) ==
+            FLASHOPT_OK);
     REQUIRE(flashopt_context_set_threads(ctx, threads) == FLASHOPT_OK);
     REQUIRE(flashopt_optimizer_create(ctx, (kernelsDir() + "sgd_f32").c_str(),
                                       &opt) == FLASHOPT_OK);
@@ -134,7 +136,8 @@ TEST_CASE("clipping: misuse is refused and changes nothing") {
         FLASHOPT_ERROR_INVALID_ARGUMENT);
   REQUIRE(flashopt_set_max_grad_norm(a.opt, 1.0) == FLASHOPT_OK);
   CHECK(flashopt_step_param(a.opt, 0) == FLASHOPT_ERROR_STATE);
-  CHECK(std::string(flashopt_last_error()).find("clipping") != std::string::npos);
+  CHECK(std::string(flashopt_last_error()).find("clipping") !=
+        std::string::npos);
   CHECK(a.p[0][0] == 1.0f);
   REQUIRE(flashopt_set_max_grad_norm(a.opt, 0.0) == FLASHOPT_OK); // off
   CHECK(flashopt_step_param(a.opt, 0) == FLASHOPT_OK);

@@ -1,4 +1,5 @@
-//===- Comm.cpp - Communicators and data parallelism in the C ABI ----------===//
+//===- Comm.cpp - Communicators and data parallelism in the C ABI
+//----------===//
 //
 // Part of flashopt.
 //
@@ -114,9 +115,9 @@ flashopt_status flashopt_bucket_params(flashopt_optimizer opt, int32_t bucket,
     }
     const auto &b = o->dp->buckets();
     if (bucket < 0 || bucket >= int32_t(b.size()))
-      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           "bucket " + std::to_string(bucket) + " does not exist (there are " +
-               std::to_string(b.size()) + ")");
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT, "bucket " + std::to_string(bucket) +
+                                                " does not exist (there are " +
+                                                std::to_string(b.size()) + ")");
     *first = b[size_t(bucket)].first;
     *count = b[size_t(bucket)].count;
   });
@@ -129,9 +130,9 @@ flashopt_status flashopt_reduce_bucket(flashopt_optimizer opt, int32_t bucket) {
       fail(FLASHOPT_ERROR_STATE, "no communicator is attached");
     const auto &b = o->dp->buckets();
     if (bucket < 0 || bucket >= int32_t(b.size()))
-      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           "bucket " + std::to_string(bucket) + " does not exist (there are " +
-               std::to_string(b.size()) + ")");
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT, "bucket " + std::to_string(bucket) +
+                                                " does not exist (there are " +
+                                                std::to_string(b.size()) + ")");
     for (int64_t i = b[size_t(bucket)].first;
          i < b[size_t(bucket)].first + b[size_t(bucket)].count; ++i)
       if (!o->opt->tensor(i).grad)

@@ -1,4 +1,5 @@
-//===- Errors.cpp - How the C ABI reports failure --------------------------===//
+//===- Errors.cpp - How the C ABI reports failure
+//--------------------------===//
 //
 // Part of flashopt.
 //

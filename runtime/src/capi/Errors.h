@@ -1,4 +1,5 @@
-//===- Errors.h - How the C ABI reports failure ----------------------------*- C++ -*-===//
+//===- Errors.h - How the C ABI reports failure ----------------------------*-
+//C++ -*-===//
 //
 // Part of flashopt.
 //
@@ -37,8 +38,7 @@ std::string &last_error();
 
 /// Runs `body` for entry point `fn`: clears the last error, maps failures to
 /// a status and a message. No exception escapes.
-template <typename F>
-flashopt_status guard(const char *fn, F &&body) noexcept {
+template <typename F> flashopt_status guard(const char *fn, F &&body) noexcept {
   try {
     last_error().clear();
     body();

@@ -1,4 +1,5 @@
-//===- Handles.cpp - Handles as never-reused ids ---------------------------===//
+//===- Handles.cpp - Handles as never-reused ids
+//---------------------------===//
 //
 // Part of flashopt.
 //
@@ -36,8 +37,9 @@ std::string handleText(const void *h) {
 /// The live object behind handle `h` in `map` ("context"/"optimizer" in
 /// messages); with `take`, it also leaves the registry (destroy).
 template <typename T>
-std::shared_ptr<T> findHandle(std::unordered_map<uint64_t, std::shared_ptr<T>> &map,
-                              const void *h, const char *kind, bool take) {
+std::shared_ptr<T>
+findHandle(std::unordered_map<uint64_t, std::shared_ptr<T>> &map, const void *h,
+           const char *kind, bool take) {
   Registry &r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = map.find(idOf(h));

@@ -1,4 +1,5 @@
-//===- Handles.h - Handles as never-reused ids -----------------------------*- C++ -*-===//
+//===- Handles.h - Handles as never-reused ids -----------------------------*-
+//C++ -*-===//
 //
 // Part of flashopt.
 //

@@ -1,4 +1,5 @@
-//===- Objects.h - The objects behind the C ABI's handles ------------------*- C++ -*-===//
+//===- Objects.h - The objects behind the C ABI's handles ------------------*-
+//C++ -*-===//
 //
 // Part of flashopt.
 //
@@ -54,7 +55,9 @@ inline std::string fmt(double v) {
 
 // ---- dtypes ---------------------------------------------------------------
 
-inline bool validDtype(int d) { return d >= FLASHOPT_BF16 && d <= FLASHOPT_I16; }
+inline bool validDtype(int d) {
+  return d >= FLASHOPT_BF16 && d <= FLASHOPT_I16;
+}
 
 inline DType toHost(flashopt_dtype d) {
   switch (d) {

@@ -1,4 +1,5 @@
-//===- Stepping.cpp - The checks and failures of a step --------------------===//
+//===- Stepping.cpp - The checks and failures of a step
+//--------------------===//
 //
 // Part of flashopt.
 //
@@ -58,7 +59,8 @@ std::vector<float> applyClipping(OptObj &o) {
     if (!v)
       fail(FLASHOPT_ERROR_UNSUPPORTED,
            "gradient clipping needs the kernels' \"grad_scale\" (rebuild the "
-           "bundle with this flashopt-gen): " + v.error());
+           "bundle with this flashopt-gen): " +
+               v.error());
     scales[size_t(g)] = *v;
   }
   double total = 0.0; // in tensor order

@@ -1,4 +1,5 @@
-//===- Optimizer.cpp - The backend-free optimizer core ---------------------===//
+//===- Optimizer.cpp - The backend-free optimizer core
+//---------------------===//
 //
 // Part of flashopt.
 //
@@ -38,9 +39,9 @@ struct Optimizer::Impl {
   std::vector<int64_t> recordStart{0}; ///< [tensor] first record; + total
   int64_t records = 0;
   uint64_t tableGeneration = 0;
-  bool dirty = false;                ///< tensors changed since the build
-  std::vector<int64_t> builtBases;   ///< arena addresses of the build
-  std::vector<int64_t> compacted;    ///< step_tensors: a subset's records
+  bool dirty = false;              ///< tensors changed since the build
+  std::vector<int64_t> builtBases; ///< arena addresses of the build
+  std::vector<int64_t> compacted;  ///< step_tensors: a subset's records
   int64_t t = 0;
 
   bool runtimeOwned(size_t b) const {
@@ -157,7 +158,8 @@ const Manifest &Optimizer::manifest() const { return *impl_->m; }
 Backend &Optimizer::backend() { return *impl_->backend; }
 const Backend &Optimizer::backend() const { return *impl_->backend; }
 
-// ---- param groups -------------------------------------------------------------
+// ---- param groups
+// -------------------------------------------------------------
 
 int Optimizer::add_param_group() { return impl_->hypers->add_slot(); }
 int Optimizer::num_param_groups() const { return impl_->hypers->num_slots(); }
@@ -175,7 +177,8 @@ const std::vector<float> &Optimizer::hyper_table() const {
 }
 const HyperTable &Optimizer::hypers() const { return *impl_->hypers; }
 
-// ---- tensors ------------------------------------------------------------------
+// ---- tensors
+// ------------------------------------------------------------------
 
 Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
                                        void *grad) {
@@ -263,7 +266,9 @@ Status Optimizer::repoint(int64_t tensor, void *TensorInfo::*field,
   return Status::success();
 }
 
-int64_t Optimizer::num_tensors() const { return int64_t(impl_->tensors.size()); }
+int64_t Optimizer::num_tensors() const {
+  return int64_t(impl_->tensors.size());
+}
 int64_t Optimizer::total_groups() const { return impl_->totalGroups; }
 int64_t Optimizer::total_numel() const { return impl_->totalNumel; }
 const TensorInfo &Optimizer::tensor(int64_t i) const {
@@ -340,7 +345,8 @@ Status Optimizer::write_buffer(int64_t tensor, std::string_view name,
   return impl_->backend->write(v->data, data, bytes);
 }
 
-// ---- stepping -----------------------------------------------------------------
+// ---- stepping
+// -----------------------------------------------------------------
 
 Status Optimizer::step() {
   Impl &I = *impl_;
@@ -372,8 +378,7 @@ Status Optimizer::step() {
   return Status::success();
 }
 
-Status Optimizer::step_tensors(const std::vector<int64_t> &indices,
-                               int64_t t) {
+Status Optimizer::step_tensors(const std::vector<int64_t> &indices, int64_t t) {
   Impl &I = *impl_;
   if (Status s = check_step_indices(I.tensors, indices); !s)
     return s;

@@ -1,4 +1,5 @@
-//===- Tables.cpp - Hyper tables, tensor records, bytes reports ------------===//
+//===- Tables.cpp - Hyper tables, tensor records, bytes reports
+//------------===//
 //
 // Part of flashopt.
 //
@@ -48,8 +49,8 @@ int HyperTable::add_slot() {
 Status HyperTable::check(int slot, std::string_view name, int *index) const {
   if (slot < 0 || slot >= slots_)
     return Status::error("param group " + std::to_string(slot) +
-                         " does not exist (there are " + std::to_string(slots_) +
-                         ")");
+                         " does not exist (there are " +
+                         std::to_string(slots_) + ")");
   int h = m_->hyper_index(name);
   if (h < 0) {
     std::string names;
@@ -74,8 +75,9 @@ Status HyperTable::set(int slot, std::string_view name, float value) {
     for (const StateSpec &st : m_->states)
       if (st.kind == StateKind::Elided && st.elidable_if_zero == name)
         return Status::error("hyper-parameter \"" + std::string(name) +
-                             "\" must stay 0 in " + m_->name + ": its state \"" +
-                             st.name + "\" is elided (compile a spec that keeps it)");
+                             "\" must stay 0 in " + m_->name +
+                             ": its state \"" + st.name +
+                             "\" is elided (compile a spec that keeps it)");
   size_t i = size_t(slot) * m_->hypers.size() + size_t(h);
   // Compare bits: a plain re-set of the same value is not a change.
   bool same = given_[i] && std::memcmp(&values_[i], &value, sizeof value) == 0;
@@ -158,9 +160,9 @@ int64_t append_table_records(const Manifest &m, const TensorInfo &t,
       const BufferSpec &spec = m.buffers[b];
       int64_t entries = spec.per == Per::Group ? r.offset / G : r.offset;
       // A null address (a grad not given yet) stays null.
-      rec[abi::kTableHeaderWords + b] = addresses[b] == 0
-                       ? 0
-                       : addresses[b] + entries * dtype_size(spec.dtype);
+      rec[abi::kTableHeaderWords + b] =
+          addresses[b] == 0 ? 0
+                            : addresses[b] + entries * dtype_size(spec.dtype);
     }
   }
   return int64_t(slices.size());

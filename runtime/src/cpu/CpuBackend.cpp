@@ -1,4 +1,5 @@
-//===- CpuBackend.cpp - The optimizer on the host CPU ----------------------===//
+//===- CpuBackend.cpp - The optimizer on the host CPU
+//----------------------===//
 //
 // Part of flashopt.
 //
@@ -150,9 +151,9 @@ public:
   /// (relative to the range) are `firsts`.
   std::vector<Chunk> chunks(int64_t total,
                             const std::vector<int64_t> &firsts) const {
-    return split_groups(total, firsts, threads_, minGroups_,
-                        std::max<int64_t>(1, abi::kSliceAlignEntries /
-                                                 m_->group_size));
+    return split_groups(
+        total, firsts, threads_, minGroups_,
+        std::max<int64_t>(1, abi::kSliceAlignEntries / m_->group_size));
   }
 
   // ---- Backend -------------------------------------------------------------
@@ -258,8 +259,8 @@ public:
     const int64_t kPiece = int64_t(1) << 16;
     for (size_t r = 0; r < ranges.size(); ++r)
       for (int64_t off = 0; off < ranges[r].numel; off += kPiece)
-        pieces.push_back({ranges[r].data, off,
-                          std::min(ranges[r].numel, off + kPiece), r});
+        pieces.push_back(
+            {ranges[r].data, off, std::min(ranges[r].numel, off + kPiece), r});
     std::vector<double> partial(pieces.size(), 0.0);
     auto sum = [&](int64_t k) {
       const Piece &p = pieces[size_t(k)];
@@ -307,8 +308,8 @@ CpuOptimizer::create(std::shared_ptr<Bundle> bundle,
                      const OptimizerOptions &opts) {
   if (!bundle)
     return Status::error("CpuOptimizer::create: null bundle");
-  return create_over<CpuOptimizer, CpuBackend>("CpuOptimizer::create", std::move(bundle),
-                                          opts);
+  return create_over<CpuOptimizer, CpuBackend>("CpuOptimizer::create",
+                                               std::move(bundle), opts);
 }
 
 Expected<std::unique_ptr<CpuOptimizer>>

@@ -1,4 +1,5 @@
-//===- CpuBundle.cpp - Loading a bundle's CPU kernel -----------------------===//
+//===- CpuBundle.cpp - Loading a bundle's CPU kernel
+//-----------------------===//
 //
 // Part of flashopt.
 //
@@ -109,8 +110,9 @@ Expected<std::shared_ptr<Bundle>> Bundle::load(const std::string &dir,
         cpuKernels.push_back(i);
     }
     if (cpuKernels.empty())
-      return Status::error(mpath + ": field 'kernels': no CPU kernel (targets: " +
-                           (targets.empty() ? std::string("none") : targets) + ")");
+      return Status::error(
+          mpath + ": field 'kernels': no CPU kernel (targets: " +
+          (targets.empty() ? std::string("none") : targets) + ")");
 
     auto missing = [&](const KernelEntry &k) {
       std::string s;
@@ -131,8 +133,8 @@ Expected<std::shared_ptr<Bundle>> Bundle::load(const std::string &dir,
           break;
         }
       if (!chosen)
-        return Status::error(mpath + ": no CPU kernel for cpu " + quote(forced) +
-                             " (requested by " + forcedFrom +
+        return Status::error(mpath + ": no CPU kernel for cpu " +
+                             quote(forced) + " (requested by " + forcedFrom +
                              "); the bundle has: " + available);
       std::string lacks = missing(m->kernels[*chosen]);
       if (!lacks.empty())
@@ -158,14 +160,15 @@ Expected<std::shared_ptr<Bundle>> Bundle::load(const std::string &dir,
     b->manifest_ = std::move(m.value());
     b->kernel_index_ = *chosen;
     const KernelEntry &k = b->manifest_.kernels[*chosen];
-    b->kernel_path_ = (!k.file.empty() && k.file[0] == '/') ? k.file
-                                                            : dir + "/" + k.file;
+    b->kernel_path_ =
+        (!k.file.empty() && k.file[0] == '/') ? k.file : dir + "/" + k.file;
     dlerror();
     b->handle_ = dlopen(b->kernel_path_.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!b->handle_) {
       const char *e = dlerror();
       return Status::error(mpath + ": cannot load kernel " + quote(k.file) +
-                           " (cpu " + k.cpu + "): " + (e ? e : "dlopen failed"));
+                           " (cpu " + k.cpu +
+                           "): " + (e ? e : "dlopen failed"));
     }
     dlerror();
     void *sym = dlsym(b->handle_, k.symbol.c_str());

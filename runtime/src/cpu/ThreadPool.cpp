@@ -1,4 +1,5 @@
-//===- ThreadPool.cpp - The CPU backend's persistent threads ---------------===//
+//===- ThreadPool.cpp - The CPU backend's persistent threads
+//---------------===//
 //
 // Part of flashopt.
 //

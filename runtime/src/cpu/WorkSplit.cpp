@@ -1,4 +1,5 @@
-//===- WorkSplit.cpp - Group-aligned chunks for the CPU threads ------------===//
+//===- WorkSplit.cpp - Group-aligned chunks for the CPU threads
+//------------===//
 //
 // Part of flashopt.
 //
@@ -19,7 +20,8 @@ std::vector<Chunk> split_groups(int64_t total,
     return out;
   min_groups = std::max<int64_t>(1, min_groups);
   align_groups = std::max<int64_t>(1, align_groups);
-  int64_t n = std::max<int64_t>(1, std::min<int64_t>(max_chunks, total / min_groups));
+  int64_t n =
+      std::max<int64_t>(1, std::min<int64_t>(max_chunks, total / min_groups));
   int64_t prev = 0;
   for (int64_t i = 1; i <= n; ++i) {
     // total * i / n without overflow: (q n + r) i / n = q i + r i / n.

@@ -1,4 +1,5 @@
-//===- CudaBackend.cpp - The optimizer on a CUDA device --------------------===//
+//===- CudaBackend.cpp - The optimizer on a CUDA device
+//--------------------===//
 //
 // Part of flashopt.
 //
@@ -106,8 +107,7 @@ public:
     uint64_t p = uint64_t(reinterpret_cast<uintptr_t>(address));
     if (p % 16 == 0)
       return Status::success();
-    return Status::error(std::string(who) + ": " + what + " address " +
-                         hex(p) +
+    return Status::error(std::string(who) + ": " + what + " address " + hex(p) +
                          " is not 16-byte aligned (GPU kernels use 128-bit "
                          "accesses)");
   }
@@ -129,11 +129,11 @@ public:
       if (a.used == 0 || need <= a.capacity)
         continue;
       CUdeviceptr p = 0;
-      Status s = d_->check(d_->cuMemAlloc(&p, size_t(need)),
-                           "allocating " + std::to_string(need) +
-                               " bytes for " + m_->name + " buffer \"" +
-                               m_->buffers[b].name + "\" on " +
-                               ctx_->info().name);
+      Status s =
+          d_->check(d_->cuMemAlloc(&p, size_t(need)),
+                    "allocating " + std::to_string(need) + " bytes for " +
+                        m_->name + " buffer \"" + m_->buffers[b].name +
+                        "\" on " + ctx_->info().name);
       if (!s)
         return s;
       s = d_->check(d_->cuMemsetD8Async(p, 0, size_t(need), stream_),
@@ -204,8 +204,7 @@ public:
     }
     CUdeviceptr records = 0;
     if (r.use_compacted) {
-      if (!(s = uploadTo(&devSubTable_, &devSubTableBytes_,
-                         r.compacted->data(),
+      if (!(s = uploadTo(&devSubTable_, &devSubTableBytes_, r.compacted->data(),
                          int64_t(r.compacted->size() * sizeof(int64_t)),
                          "partial tensor table")))
         return s;
@@ -225,8 +224,7 @@ public:
                          ", grid " + std::to_string(grd) + ")");
   }
 
-  Expected<bool> all_finite(const std::vector<ScanRange> &,
-                            DType) override {
+  Expected<bool> all_finite(const std::vector<ScanRange> &, DType) override {
     return Status::error("scanning gradients for NaN/Inf is not supported on "
                          "CUDA yet (it needs a device-side scan)");
   }
@@ -248,10 +246,10 @@ public:
     CudaContext::Scope scope(*ctx_);
     if (!scope.ok())
       return scope.status();
-    Status s = d_->check(
-        d_->cuMemcpyDtoHAsync(dst, CUdeviceptr(uintptr_t(address)),
-                              size_t(bytes), stream_),
-        "read: cuMemcpyDtoHAsync");
+    Status s =
+        d_->check(d_->cuMemcpyDtoHAsync(dst, CUdeviceptr(uintptr_t(address)),
+                                        size_t(bytes), stream_),
+                  "read: cuMemcpyDtoHAsync");
     if (s)
       s = d_->check(d_->cuStreamSynchronize(stream_),
                     "read: cuStreamSynchronize");
@@ -322,8 +320,8 @@ CudaOptimizer::create(std::shared_ptr<CudaBundle> bundle,
                       const CudaOptimizerOptions &opts) {
   if (!bundle)
     return Status::error("CudaOptimizer::create: null bundle");
-  return create_over<CudaOptimizer, CudaBackend>("CudaOptimizer::create", std::move(bundle),
-                                          opts);
+  return create_over<CudaOptimizer, CudaBackend>("CudaOptimizer::create",
+                                                 std::move(bundle), opts);
 }
 
 Expected<std::unique_ptr<CudaOptimizer>>

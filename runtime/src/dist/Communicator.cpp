@@ -1,4 +1,5 @@
-//===- Communicator.cpp - An engine's collectives, with errors -------------===//
+//===- Communicator.cpp - An engine's collectives, with errors
+//-------------===//
 //
 // Part of flashopt.
 //
@@ -42,10 +43,9 @@ Status Communicator::check(int code, const char *what) const {
   if (code == 0)
     return Status::success();
   const char *text = b_.error_string ? b_.error_string(b_.self, code) : nullptr;
-  return Status::error(name_ + " " + what + " failed on rank " +
-                       std::to_string(b_.rank) + ": " +
-                       (text ? std::string(text)
-                             : "error " + std::to_string(code)));
+  return Status::error(
+      name_ + " " + what + " failed on rank " + std::to_string(b_.rank) + ": " +
+      (text ? std::string(text) : "error " + std::to_string(code)));
 }
 
 Status Communicator::all_gather(const void *send, void *recv, size_t bytes) {

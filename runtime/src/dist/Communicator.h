@@ -1,4 +1,5 @@
-//===- Communicator.h - An engine's collectives, with errors -----*- C++ -*-===//
+//===- Communicator.h - An engine's collectives, with errors -----*- C++
+//-*-===//
 //
 // Part of flashopt.
 //

@@ -1,4 +1,5 @@
-//===- DataParallel.cpp - Replicated data parallelism ----------------------===//
+//===- DataParallel.cpp - Replicated data parallelism
+//----------------------===//
 //
 // Part of flashopt.
 //
@@ -20,8 +21,8 @@ using namespace flashopt::host;
 std::vector<Bucket> plan_buckets(const std::vector<LayoutEntry> &layout,
                                  int grad_bytes, size_t cap_bytes) {
   std::vector<Bucket> out;
-  const int64_t cap =
-      std::max<int64_t>(1, int64_t(std::max<size_t>(cap_bytes, 1)) / grad_bytes);
+  const int64_t cap = std::max<int64_t>(
+      1, int64_t(std::max<size_t>(cap_bytes, 1)) / grad_bytes);
   for (size_t i = 0; i < layout.size(); ++i)
     for (int64_t off = 0; off < layout[i].numel;) {
       if (out.empty() || out.back().numel == cap)
@@ -77,7 +78,8 @@ Status checkLayouts(Communicator &c, const std::string &mine) {
   if (Status s = c.all_gather(padded.data(), all.data(), size_t(maxLen)); !s)
     return s;
   auto textOf = [&](int r) {
-    return std::string(all.data() + size_t(r) * maxLen, size_t(lens[size_t(r)]));
+    return std::string(all.data() + size_t(r) * maxLen,
+                       size_t(lens[size_t(r)]));
   };
   const std::string root = textOf(0);
   for (int r = 1; r < W; ++r) {
@@ -91,8 +93,9 @@ Status checkLayouts(Communicator &c, const std::string &mine) {
     std::string ra = k < a.size() ? "'" + a[k] + "'" : "nothing more";
     std::string rb = k < b.size() ? "'" + b[k] + "'" : "nothing more";
     return Status::error("the ranks registered different layouts: rank " +
-                         std::to_string(r) + " has " + rb + " where rank 0 has " +
-                         ra + " (line " + std::to_string(k + 1) + ")");
+                         std::to_string(r) + " has " + rb +
+                         " where rank 0 has " + ra + " (line " +
+                         std::to_string(k + 1) + ")");
   }
   return Status::success();
 }
@@ -114,8 +117,8 @@ DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
                      size_t bucket_bytes) {
   try {
     const Manifest &m = opt.manifest();
-    if (Status s = checkLayouts(
-            *comm, layout_text(m, opt.num_param_groups(), layout));
+    if (Status s =
+            checkLayouts(*comm, layout_text(m, opt.num_param_groups(), layout));
         !s)
       return s;
     if (!deterministic && !comm->has_reduce_scatter())
@@ -170,9 +173,9 @@ Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
       Expected<BufferView> g = opt.buffer(pc.tensor, "grad");
       if (!g)
         return g.status();
-      if (Status s = dev.read(static_cast<const uint8_t *>(g->data) +
-                                  pc.offset * es,
-                              packed.data() + at * es, pc.count * es);
+      if (Status s =
+              dev.read(static_cast<const uint8_t *>(g->data) + pc.offset * es,
+                       packed.data() + at * es, pc.count * es);
           !s)
         return s;
       at += pc.count;
@@ -199,8 +202,8 @@ Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
     } else {
       std::vector<float> flat(size_t(slice * W));
       codec::widen(packed.data(), m.grad, slice * W, flat.data());
-      if (Status s = comm_->reduce_scatter_f32(flat.data(), sum.data(),
-                                               size_t(slice));
+      if (Status s =
+              comm_->reduce_scatter_f32(flat.data(), sum.data(), size_t(slice));
           !s)
         return s;
     }
@@ -210,8 +213,8 @@ Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
     std::vector<uint8_t> mine(size_t(slice * es));
     codec::narrow(sum.data(), slice, m.grad, mine.data());
     // All-gather the averaged slices and write them back.
-    if (Status s = comm_->all_gather(mine.data(), packed.data(),
-                                     size_t(slice * es));
+    if (Status s =
+            comm_->all_gather(mine.data(), packed.data(), size_t(slice * es));
         !s)
       return s;
     at = 0;

@@ -1,4 +1,5 @@
-//===- DataParallel.h - Replicated data parallelism --------------*- C++ -*-===//
+//===- DataParallel.h - Replicated data parallelism --------------*- C++
+//-*-===//
 //
 // Part of flashopt.
 //

@@ -87,7 +87,7 @@ struct KernelEntry {
   std::string target; ///< "cpu", "sm_90", ...
   std::string cpu;    ///< CPU flavour ("x86-64-v3"); cpu targets only
   std::vector<std::string> features; ///< __builtin_cpu_supports spellings
-  std::string file;   ///< relative to the bundle directory (GPU: the PTX)
+  std::string file; ///< relative to the bundle directory (GPU: the PTX)
   std::string symbol;
   // GPU targets only; each is optional in the manifest (0 / -1 / "" when
   // absent).
@@ -110,7 +110,7 @@ struct Manifest {
   int64_t format_version = kManifestFormatVersion;
   std::string generator;
   std::string name;
-  std::string spec;        ///< the spec file it came from (optional)
+  std::string spec; ///< the spec file it came from (optional)
   std::string spec_hash;
   std::string rule;
   std::string description; ///< optional

@@ -79,7 +79,6 @@ private:
   friend class Optimizer; // create_over
   explicit CpuOptimizer(std::unique_ptr<CpuBackend> backend);
   CpuBackend *cpu_; ///< the backend, owned by the core
-
 };
 
 } // namespace flashopt::host

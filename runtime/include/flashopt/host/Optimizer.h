@@ -126,7 +126,8 @@ public:
   /// Waits for the backend's queue.
   Status synchronize();
 
-  // ---- memory ----------------------------------------------------------------
+  // ---- memory
+  // ----------------------------------------------------------------
   BytesReport bytes() const;
 
 protected:
@@ -142,8 +143,8 @@ protected:
   static Expected<std::unique_ptr<Derived>> create_over(const char *who,
                                                         Args &&...args) {
     try {
-      std::unique_ptr<Derived> o(new Derived(
-          std::make_unique<BackendT>(std::forward<Args>(args)...)));
+      std::unique_ptr<Derived> o(
+          new Derived(std::make_unique<BackendT>(std::forward<Args>(args)...)));
       if (Status s = o->init(who); !s)
         return s;
       return Expected<std::unique_ptr<Derived>>(std::move(o));

@@ -52,8 +52,8 @@ struct BufferView {
 struct BytesReport {
   int64_t numel = 0;
   int64_t param = 0, correction = 0, grad = 0;
-  int64_t states = 0; ///< every state buffer, scales included
-  int64_t total = 0;  ///< param + correction + grad + states
+  int64_t states = 0;                  ///< every state buffer, scales included
+  int64_t total = 0;                   ///< param + correction + grad + states
   int64_t total_with_grad_release = 0; ///< total - grad
   /// Bytes the runtime actually allocated (correction and state arenas,
   /// 64-element alignment padding, spare capacity and device tables
