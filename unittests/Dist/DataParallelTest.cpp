@@ -19,8 +19,9 @@
 ///    the reference's;
 ///  - a NaN on one rank skips the step on every rank (SKIP policy);
 ///  - a layout that differs on one rank is FLASHOPT_ERROR_MISMATCH on every
-///    rank, naming the rank and the line; registering, gradient release and
-///    a second attach afterwards are refused.
+///    rank, naming the rank and the line, and so are a step whose
+///    hyper-parameters or NaN policy differ on one rank; registering,
+///    gradient release and a second attach afterwards are refused.
 /// Failures are counted per rank and summed, so every rank exits with the
 /// same status.
 ///
@@ -279,6 +280,39 @@ void misuseIsRefused(flashopt_comm comm) {
          "gradient release with data parallelism");
 }
 
+void disagreementFailsEverywhere(flashopt_comm comm) {
+  Opt dp("sgd_f32", 3, {});
+  OK(flashopt_optimizer_attach_comm(dp.opt, comm,
+                                    FLASHOPT_REDUCE_DETERMINISTIC, 0));
+  std::vector<Tensor> g = gradsOf(dp.gdt, rank, 1);
+  for (size_t i = 0; i < g.size(); ++i)
+    dp.grads[i].bytes = g[i].bytes;
+  uint64_t before = dp.hash();
+  // Rank 1 forgot the learning-rate schedule: every rank refuses the step.
+  if (rank == 1)
+    OK(flashopt_set_hyper(dp.opt, -1, "lr", 0.25));
+  EXPECT(flashopt_step(dp.opt) == FLASHOPT_ERROR_MISMATCH,
+         "different hyper-parameters");
+  EXPECT(std::string(flashopt_last_error()).find("rank 1 differs from rank 0 "
+                                                 "in the hyper-parameters") !=
+             std::string::npos,
+         std::string("the message names the rank: ") + flashopt_last_error());
+  EXPECT(dp.hash() == before, "nothing changed");
+  // Back in agreement, one rank with another NaN policy: refused too.
+  if (rank == 1)
+    OK(flashopt_set_hyper(dp.opt, -1, "lr", 1e-3));
+  if (rank == world - 1)
+    OK(flashopt_set_nonfinite_policy(dp.opt, FLASHOPT_NONFINITE_SKIP));
+  EXPECT(flashopt_step(dp.opt) == FLASHOPT_ERROR_MISMATCH,
+         "different NaN policies");
+  EXPECT(std::string(flashopt_last_error()).find("the NaN policy") !=
+             std::string::npos,
+         std::string("names the policy: ") + flashopt_last_error());
+  OK(flashopt_set_nonfinite_policy(dp.opt, FLASHOPT_NONFINITE_SKIP));
+  OK(flashopt_step(dp.opt)); // agreed again
+  EXPECT(sameEverywhere(dp.hash()), "replicas identical");
+}
+
 void mismatchedLayoutFailsEverywhere(flashopt_comm comm) {
   flashopt_context ctx;
   flashopt_optimizer opt;
@@ -335,8 +369,10 @@ int main(int argc, char **argv) {
                             FLASHOPT_REDUCE_DETERMINISTIC, /*maxGradNorm=*/1.0);
   nanOnOneRankSkipsEverywhere(comm);
   misuseIsRefused(comm);
-  if (world > 1)
+  if (world > 1) {
     mismatchedLayoutFailsEverywhere(comm);
+    disagreementFailsEverywhere(comm);
+  }
 
   OK(flashopt_comm_destroy(comm));
   int total = 0, totalChecks = 0;

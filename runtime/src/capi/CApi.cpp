@@ -39,6 +39,17 @@
 using namespace flashopt::capi;
 
 namespace {
+/// FNV-1a over the bytes of `v` (the ranks compare hyper tables by it).
+uint64_t hashFloats(const std::vector<float> &v) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  const unsigned char *p = reinterpret_cast<const unsigned char *>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
 /// numerics.md §4.3: the exponent bits of a parameter dtype.
 int exponentBits(DType t) { return t == DType::F16 ? 5 : 8; }
 } // namespace
@@ -446,16 +457,27 @@ flashopt_status flashopt_step(flashopt_optimizer opt) {
       all[i] = int64_t(i);
     checkStepReady(*o, all);
     if (o->dp) {
-      // Data parallel: agree on skipping, then average the gradients.
-      if (o->policy == FLASHOPT_NONFINITE_SKIP) {
-        Expected<bool> finite = o->dp->all_finite(*o->opt);
-        if (!finite)
-          fail(FLASHOPT_ERROR_COMM, finite.error());
-        if (!*finite) {
-          o->dp->step_done();
-          ++o->skipped;
-          return;
-        }
+      // Data parallel: the ranks agree on the step (policy, clipping,
+      // hyper-parameters, counter) and on skipping it; then the gradients
+      // are averaged.
+      flashopt::dist::DataParallel::StepView view;
+      view.skip_policy = o->policy == FLASHOPT_NONFINITE_SKIP;
+      view.finite = !view.skip_policy || gradsFinite(*o, all);
+      view.max_grad_norm = o->maxGradNorm;
+      view.hyper_hash = hashFloats(o->opt->hyper_table());
+      view.step = o->globalStep;
+      Expected<bool> skip = o->dp->agree(view);
+      if (!skip) {
+        o->dp->step_done();
+        fail(skip.error().find("disagree") != std::string::npos
+                 ? FLASHOPT_ERROR_MISMATCH
+                 : FLASHOPT_ERROR_COMM,
+             skip.error());
+      }
+      if (*skip) {
+        o->dp->step_done();
+        ++o->skipped;
+        return;
       }
       Status r = o->dp->reduce_remaining(*o->opt);
       o->dp->step_done();

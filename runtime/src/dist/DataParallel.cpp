@@ -117,9 +117,13 @@ DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
                      size_t bucket_bytes) {
   try {
     const Manifest &m = opt.manifest();
-    if (Status s =
-            checkLayouts(*comm, layout_text(m, opt.num_param_groups(), layout));
-        !s)
+    // The layout, and how it will be reduced: ranks that bucket or reduce
+    // differently would call different collectives and hang.
+    std::string text = layout_text(m, opt.num_param_groups(), layout);
+    text += std::string("reduce ") +
+            (deterministic ? "deterministic" : "fast") + ", buckets of " +
+            std::to_string(bucket_bytes) + " bytes\n";
+    if (Status s = checkLayouts(*comm, text); !s)
       return s;
     if (!deterministic && !comm->has_reduce_scatter())
       return Status::error(comm->name() + " has no reduce_scatter_f32 for "
@@ -245,17 +249,46 @@ Status DataParallel::reduce_remaining(Optimizer &opt) {
 
 void DataParallel::step_done() { reduced_.assign(buckets_.size(), false); }
 
-Expected<bool> DataParallel::all_finite(Optimizer &opt) {
-  std::vector<int64_t> all(size_t(opt.num_tensors()));
-  for (size_t i = 0; i < all.size(); ++i)
-    all[i] = int64_t(i);
-  Expected<bool> mine = opt.grads_finite(all);
-  if (!mine)
-    return mine.status();
-  Expected<bool> bad = comm_->any(!*mine);
-  if (!bad)
-    return bad.status();
-  return !*bad;
+Expected<bool> DataParallel::agree(const StepView &mine) {
+  struct Wire {
+    uint8_t skip, finite, pad[6];
+    double maxNorm;
+    uint64_t hyperHash;
+    int64_t step;
+  };
+  static_assert(sizeof(Wire) == 32, "a fixed wire layout");
+  Wire w{};
+  w.skip = mine.skip_policy;
+  w.finite = mine.finite;
+  w.maxNorm = mine.max_grad_norm;
+  w.hyperHash = mine.hyper_hash;
+  w.step = mine.step;
+  std::vector<Wire> all(static_cast<size_t>(comm_->size()));
+  if (Status s = comm_->all_gather(&w, all.data(), sizeof w); !s)
+    return s;
+  bool anyNonFinite = false;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const Wire &x = all[r], &z = all[0];
+    std::string what;
+    if (x.skip != z.skip)
+      what = std::string("the NaN policy (") + (x.skip ? "SKIP" : "PROPAGATE") +
+             " vs " + (z.skip ? "SKIP" : "PROPAGATE") + ")";
+    else if (std::memcmp(&x.maxNorm, &z.maxNorm, sizeof x.maxNorm) != 0)
+      what = "the gradient-norm clipping threshold (" +
+             std::to_string(x.maxNorm) + " vs " + std::to_string(z.maxNorm) +
+             ")";
+    else if (x.hyperHash != z.hyperHash)
+      what = "the hyper-parameters (set the same values on every rank)";
+    else if (x.step != z.step)
+      what = "the step counter (" + std::to_string(x.step) + " vs " +
+             std::to_string(z.step) + ")";
+    if (!what.empty())
+      return Status::error("the ranks disagree before this step: rank " +
+                           std::to_string(r) + " differs from rank 0 in " +
+                           what);
+    anyNonFinite = anyNonFinite || (x.skip && !x.finite);
+  }
+  return anyNonFinite;
 }
 
 } // namespace flashopt::dist

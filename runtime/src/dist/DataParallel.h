@@ -84,8 +84,20 @@ public:
   Status reduce_remaining(host::Optimizer &opt);
   /// Starts the next step's bookkeeping (no bucket reduced).
   void step_done();
-  /// Whether every rank's gradients are all finite.
-  Expected<bool> all_finite(host::Optimizer &opt);
+  /// What every rank must agree on before a step: its NaN policy, whether
+  /// its gradients are all finite (only looked at under the skip policy),
+  /// the clipping threshold, its hyper table and its step counter.
+  struct StepView {
+    bool skip_policy = false;
+    bool finite = true;
+    double max_grad_norm = 0.0;
+    uint64_t hyper_hash = 0;
+    int64_t step = 0;
+  };
+  /// All-gathers every rank's view: an error naming the first rank and the
+  /// first thing that differs from rank 0's (the same on every rank), else
+  /// whether any rank has a non-finite gradient.
+  Expected<bool> agree(const StepView &mine);
 
 private:
   DataParallel() = default;
