@@ -212,3 +212,121 @@ TEST_CASE("emulated GPU: shipped PTX == CPU kernels, bit for bit") {
     }
   }
 }
+
+namespace {
+
+/// 300 tensors of mixed sizes: a fifth below one group, many around a few
+/// groups, some of thousands of elements, a few large.
+std::vector<int64_t> mixedSizes(uint64_t seed) {
+  std::vector<int64_t> out;
+  uint64_t s = seed;
+  auto next = [&] {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return s >> 33;
+  };
+  for (int i = 0; i < 300; ++i) {
+    uint64_t k = next() % 10;
+    if (k < 2)
+      out.push_back(int64_t(1 + next() % 31)); // sub-group
+    else if (k < 6)
+      out.push_back(int64_t(32 + next() % 200));
+    else if (k < 9)
+      out.push_back(int64_t(1 + next() % 3000));
+    else
+      out.push_back(int64_t(10000 + next() % 20000));
+  }
+  return out;
+}
+
+const char *const kMultiSpecs[] = {"adamw_bf16_m24", "lion_f16_m24",
+                                   "sgd_f32"};
+
+} // namespace
+
+TEST_CASE("emulated GPU: one launch over 300 tensors == CPU") {
+  for (const char *spec : kMultiSpecs)
+    for (int chip : kChips) {
+      Run run;
+      run.sizes = mixedSizes(uint64_t(chip));
+      run.steps = 2;
+      run.seed = 11;
+      run.nonFiniteTensors = {5, 77, 299};
+      Outcome o = compare(bundleDir(spec), chip, run);
+      int64_t payloads = 0;
+      requireIdenticalUpToNaNPayloads(
+          o, std::string(spec) + " sm_" + std::to_string(chip) + ", 300 tensors",
+          &payloads);
+      CHECK(o.launches == 2); // one launch per step for all 300 tensors
+    }
+}
+
+TEST_CASE("emulated GPU: step_tensors (a contiguous run and a compacted "
+          "subset) == one CPU step") {
+  for (int chip : kChips) {
+    Run run;
+    run.sizes = {33, 1, 4097, 31, 700, 65, 2000};
+    run.steps = 3;
+    run.seed = 5;
+    // {2, 3, 4}: a pointer into the middle of the device table; {0, 1, 5,
+    // 6}: a compacted copy with word 1 renumbered.
+    run.partialSteps = {{2, 3, 4}, {0, 1, 5, 6}};
+    run.maxRecordElements = 64 * 32;
+    Outcome o = compare(bundleDir("adamw_bf16_m24"), chip, run);
+    requireIdentical(o, "adamw_bf16_m24 sm_" + std::to_string(chip));
+    CHECK(o.launches == 6);
+  }
+}
+
+TEST_CASE("emulated GPU: a broken kernel is caught (mutation tests)") {
+  const std::string spec = "adamw_bf16_m24";
+  const int chip = 90;
+  const std::string ptx =
+      readFile(fs::path(bundleDir(spec)) / (spec + ".sm_90.ptx"));
+  Run run;
+  run.sizes = kSizes;
+  run.steps = 2;
+  run.seed = 3;
+
+  // The unmodified text, through the same scratch path, passes.
+  Outcome control = compare(scratchBundle(spec, chip, ptx, "control"), chip, run);
+  requireIdentical(control, "unmutated copy");
+
+  struct Mutation {
+    std::string what, pattern, with;
+    int nth;
+  };
+  const Mutation mutations[] = {
+      // The butterfly's last step exchanges with the wrong lane (xor 2
+      // again instead of 1): group maxima (scales) go wrong.
+      {"wrong xor mask in the butterfly",
+       R"((shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, )1(, 31, -1;))", "$012$2", 0},
+      // The full-vector test of the tail is off by one (first + 3 <=
+      // numel): the lane holding 3 valid elements takes the unmasked
+      // 4-element path and touches one element past the end.
+      {"tail predicate off by one",
+       R"((add\.s32\s+%r\d+, %r\d+, )4;(\s+setp\.le\.s32))", "$013;$2", 0},
+      // The record search's upper bound is ntensors - 2 (ntensors is
+      // param 1, cvt.u32.u64 then - 1): the last record is never found, its
+      // tensor never stepped.
+      {"dropped record",
+       R"((cvt\.u32\.u64\s+(%r\d+), %rd\d+;[\s\S]*?add\.s32\s+%r\d+, \2, )-1;)",
+       "$01-2;", 0},
+  };
+  for (const Mutation &m : mutations) {
+    std::string text = mutate(ptx, m.pattern, m.with, m.nth);
+    REQUIRE(text != ptx);
+    Outcome o = compare(scratchBundle(spec, chip, text, m.what), chip, run);
+    INFO(m.what);
+    bool caught = !o.ran || o.mismatches > 0;
+    CHECK_MESSAGE(caught, "a broken kernel passed the comparison (if the "
+                          "shipped PTX changed shape, update the mutation)");
+    MESSAGE(m.what << ": caught: "
+                   << (o.ran ? std::to_string(o.mismatches) +
+                                   " elements differ, first: " + o.first
+                             : o.error));
+  }
+  std::error_code ec;
+  fs::remove_all(fs::temp_directory_path() /
+                     ("flashopt-ptx-mutation-" + std::to_string(getpid())),
+                 ec);
+}

@@ -226,13 +226,22 @@ Outcome compare(const std::string &dir, int chip, const Run &run) {
       REQUIRE(gpu.set_hyper(0, "lr", 0.003f).ok());
       REQUIRE(cpu.set_hyper(0, "lr", 0.003f).ok());
     }
-    Status gs = gpu.step();
+    Status gs;
+    if (run.partialSteps.empty()) {
+      gs = gpu.step();
+    } else {
+      for (const auto &part : run.partialSteps) {
+        gs = gpu.step_tensors(part, s + 1);
+        if (!gs.ok())
+          break;
+      }
+    }
     if (!gs.ok()) {
       out.error = "GPU step " + std::to_string(s + 1) + ": " + gs.message() +
                   " / " + lastDriverError();
       return out;
     }
-    ++launches0;
+    launches0 += run.partialSteps.empty() ? 1 : int64_t(run.partialSteps.size());
     Status cs = cpu.step();
     if (!cs.ok()) {
       out.error = "CPU step: " + cs.message();

@@ -45,6 +45,9 @@ struct Run {
   std::vector<int64_t> nonFiniteTensors;
   /// CudaOptimizerOptions::max_record_elements (0: the default).
   int64_t maxRecordElements = 0;
+  /// When not empty, the GPU side makes each step as these step_tensors
+  /// calls (together every tensor once) while the CPU calls step().
+  std::vector<std::vector<int64_t>> partialSteps;
 };
 
 struct Outcome {
