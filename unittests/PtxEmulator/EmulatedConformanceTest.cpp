@@ -204,8 +204,8 @@ TEST_CASE("emulated GPU: shipped PTX == CPU kernels, bit for bit") {
                      << " bytes compared, identical"
                      << (payloads ? " except " + std::to_string(payloads) +
                                         " NaN payloads (GPU canonical NaN vs "
-                                        "CPU default NaN), first: " +
-                                        p.first
+                                        "CPU default NaN) in " +
+                                        p.nan_buffers + "; first: " + p.first
                                   : std::string())
                      << " (" << ms << " ms)");
       }

@@ -268,8 +268,13 @@ Outcome compare(const std::string &dir, int chip, const Run &run) {
         if (std::memcmp(x, y, size_t(es)) == 0)
           continue;
         ++out.mismatches;
-        if (isNaN(b.dtype, x) && isNaN(b.dtype, y))
+        if (isNaN(b.dtype, x) && isNaN(b.dtype, y)) {
           ++out.nan_payload_only;
+          if (out.nan_buffers.find(" " + b.name + " ") == std::string::npos &&
+              (" " + out.nan_buffers + " ").find(" " + b.name + " ") ==
+                  std::string::npos)
+            out.nan_buffers += (out.nan_buffers.empty() ? "" : " ") + b.name;
+        }
         if (out.first.empty()) {
           std::ostringstream os;
           os << fs::path(dir).filename().string() << " sm_" << chip

@@ -57,6 +57,7 @@ struct Outcome {
   int64_t mismatches = 0;     ///< elements that differ in any bit
   int64_t nan_payload_only = 0; ///< of which both sides are NaN
   std::string first;          ///< the first mismatch, in words
+  std::string nan_buffers;    ///< buffers with NaN-payload-only mismatches
   int64_t launches = 0;       ///< GPU launches made
 };
 

@@ -218,9 +218,11 @@ API cuModuleLoadDataEx(void **mod, const void *image, unsigned, int *,
   if (!elf && !ptx)
     return fail(kInvalidImage, "cuModuleLoadDataEx: neither a cubin nor PTX");
 #ifdef FLASHOPT_MOCK_CUDA_EMULATE_PTX
-  if (elf)
-    return fail(kInvalidImage, "cuModuleLoadDataEx: the PTX-emulating "
-                               "stand-in runs PTX, not cubins");
+  if (elf) { // expected: the runtime then loads the chip's PTX
+    lastError = "cuModuleLoadDataEx: the PTX-emulating stand-in runs PTX, "
+                "not cubins";
+    return kInvalidImage;
+  }
   std::string err;
   std::shared_ptr<flashopt::ptxemu::Module> parsed =
       flashopt::ptxemu::Module::parse(p, &err);
