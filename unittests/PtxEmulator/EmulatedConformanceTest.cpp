@@ -187,12 +187,16 @@ TEST_CASE("emulated GPU: shipped PTX == CPU kernels, bit for bit") {
         requireIdentical(o, what);
         CHECK(o.launches == 5);
         // Records capped at 64 groups (the split a tensor over 2^31
-        // elements gets), NaN/Inf gradients in the 33 and 4097 tensors.
+        // elements gets), a one-SM device (8 blocks: the 65543 tensor takes
+        // 8 grid-stride iterations), NaN/Inf gradients in the 33 and 4097
+        // tensors.
         Run nf = run;
         nf.seed = 8;
         nf.maxRecordElements = 64 * 32;
+        nf.smCount = 1;
         nf.nonFiniteTensors = {2, 3};
         Outcome p = compare(bundleDir(spec), chip, nf);
+        CHECK(p.grid == 8);
         int64_t payloads = 0;
         requireIdenticalUpToNaNPayloads(p, what + " (NaN/Inf gradients, "
                                                   "split records)",

@@ -50,9 +50,10 @@ const CudaDriver &emulatedDriver() {
   return *d;
 }
 
-std::shared_ptr<CudaContext> emulatedContext(int chip) {
+std::shared_ptr<CudaContext> emulatedContext(int chip, int smCount) {
   std::string cc = std::to_string(chip / 10) + "." + std::to_string(chip % 10);
   setenv("FLASHOPT_MOCK_CUDA_CC", cc.c_str(), 1);
+  setenv("FLASHOPT_MOCK_CUDA_SMS", std::to_string(smCount).c_str(), 1);
   auto ctx = CudaContext::create(emulatedDriver(), 0);
   REQUIRE_MESSAGE(ctx.ok(), ctx.error());
   return *ctx;
@@ -168,7 +169,7 @@ void groupOneHypers(Optimizer &o) {
 
 Outcome compare(const std::string &dir, int chip, const Run &run) {
   Outcome out;
-  auto ctx = emulatedContext(chip);
+  auto ctx = emulatedContext(chip, run.smCount);
   CudaOptimizerOptions so;
   so.max_record_elements = run.maxRecordElements;
   auto gpuOr = CudaOptimizer::create(ctx, dir, so);
@@ -251,6 +252,7 @@ Outcome compare(const std::string &dir, int chip, const Run &run) {
   REQUIRE(gpu.synchronize().ok());
   out.ran = true;
   out.launches = launches0;
+  out.grid = gpu.launch_config().grid;
   for (size_t i = 0; i < n; ++i)
     for (const BufferSpec &b : m.buffers) {
       auto got = gpu.read_buffer(int64_t(i), b.name);

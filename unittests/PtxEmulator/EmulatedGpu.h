@@ -33,7 +33,7 @@ std::vector<std::string> shippedSpecs();
 /// The stand-in driver with the interpreter (loaded once).
 const host::CudaDriver &emulatedDriver();
 /// A context on the stand-in as a device of `chip` (80, 90, 100).
-std::shared_ptr<host::CudaContext> emulatedContext(int chip);
+std::shared_ptr<host::CudaContext> emulatedContext(int chip, int smCount = 132);
 /// The stand-in's last error (interpreter faults included).
 std::string lastDriverError();
 
@@ -43,6 +43,9 @@ struct Run {
   uint64_t seed = 1;
   /// Tensors whose gradients hold NaN, +Inf and -Inf elements.
   std::vector<int64_t> nonFiniteTensors;
+  /// SMs of the emulated device (the grid is at most 8 blocks per SM):
+  /// 1 makes large tensors take many grid-stride iterations.
+  int smCount = 132;
   /// CudaOptimizerOptions::max_record_elements (0: the default).
   int64_t maxRecordElements = 0;
   /// When not empty, the GPU side makes each step as these step_tensors
@@ -59,6 +62,7 @@ struct Outcome {
   std::string first;          ///< the first mismatch, in words
   std::string nan_buffers;    ///< buffers with NaN-payload-only mismatches
   int64_t launches = 0;       ///< GPU launches made
+  int64_t grid = 0;           ///< blocks of the last full launch
 };
 
 /// Steps bundle `dir` on the emulated chip and on the CPU and compares.

@@ -26,6 +26,7 @@
 /// Fresh allocations are filled with 0xCD, so a runtime that forgets to zero
 /// its state is caught. Configuration, read at each call:
 ///   FLASHOPT_MOCK_CUDA_CC        compute capability, "8.9" by default;
+///   FLASHOPT_MOCK_CUDA_SMS       SM count (132): fewer SMs, a smaller grid;
 ///   FLASHOPT_MOCK_CUDA_MEMORY    device memory in bytes (16 GiB);
 ///   FLASHOPT_MOCK_CUDA_KERNEL    the CPU kernel library for every symbol;
 ///   FLASHOPT_MOCK_CUDA_KERNELS   else <dir>/<symbol>/<symbol>.x86-64.so.
@@ -177,9 +178,11 @@ API cuDeviceGetAttribute(int *v, int attr, int) {
   int major, minor;
   ccFromEnv(&major, &minor);
   switch (attr) {
-  case 16:
-    *v = 132;
+  case 16: {
+    const char *sms = std::getenv("FLASHOPT_MOCK_CUDA_SMS");
+    *v = sms && std::atoi(sms) > 0 ? std::atoi(sms) : 132;
     return kOk;
+  }
   case 75:
     *v = major;
     return kOk;
