@@ -1338,11 +1338,10 @@ uint16_t narrow16(uint32_t x, bool bf16, Rnd r) {
     rem = 0;
     half = 1;
   } else if (shift >= 63) {
+    // Far below half the smallest subnormal (< 2^-62 of it): rounds to zero.
     q = 0;
     rem = mant;
-    half = ~0ull; // rem < half always: rounds down (tiny)
-    if (mant != 0 && r == Rnd::RN && shift == 63)
-      half = 1ull << 62;
+    half = ~0ull;
   } else {
     q = mant >> shift;
     rem = mant & ((1ull << shift) - 1);
@@ -1546,13 +1545,11 @@ struct Executor {
       }
       uint64_t r;
       if (isSigned(d)) {
-        double lo = -std::ldexp(1.0, db - 1), hi = std::ldexp(1.0, db - 1);
-        int64_t iv = v <= lo ? int64_t(uint64_t(1) << (db - 1)) * -1
-                     : v >= hi ? (db == 64 ? INT64_MAX
-                                           : (int64_t(1) << (db - 1)) - 1)
-                               : int64_t(v);
-        if (db == 64 && v <= lo)
-          iv = INT64_MIN;
+        // Saturate to [-2^(db-1), 2^(db-1) - 1].
+        const double lo = -std::ldexp(1.0, db - 1), hi = std::ldexp(1.0, db - 1);
+        const int64_t minV = db == 64 ? INT64_MIN : -(int64_t(1) << (db - 1));
+        const int64_t maxV = db == 64 ? INT64_MAX : (int64_t(1) << (db - 1)) - 1;
+        int64_t iv = v <= lo ? minV : v >= hi ? maxV : int64_t(v);
         r = uint64_t(sext(uint64_t(iv), db));
       } else {
         double hi = std::ldexp(1.0, db);

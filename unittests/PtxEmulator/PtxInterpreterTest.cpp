@@ -17,10 +17,13 @@
 
 #include "ptx-emulator/PtxEmulator.h"
 
+#include "flashopt/host/Float16.h"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
+#include <ios>
 #include <string>
 #include <vector>
 
@@ -174,6 +177,9 @@ TEST_CASE("PTX interpreter: conversions round and saturate as the PTX ISA "
   CHECK(convert("cvt.rzi.s16.f32", 0x7FC00000u, 16) == 0);
   CHECK(convert("cvt.rzi.u16.f32", bits(-3.0f), 16) == 0);
   CHECK(convert("cvt.rzi.u16.f32", bits(70000.0f), 16) == 0xFFFF);
+  CHECK(convert("cvt.rzi.s32.f32", bits(3e9f)) == 0x7FFFFFFFu);
+  CHECK(convert("cvt.rzi.s32.f32", bits(-3e9f)) == 0x80000000u);
+  CHECK(convert("cvt.rzi.u32.f32", bits(5e9f)) == 0xFFFFFFFFu);
   CHECK(convert("cvt.rni.s32.f32", bits(2.5f)) == 2);
   CHECK(convert("cvt.rni.s32.f32", bits(3.5f)) == 4);
   CHECK(convert("cvt.rmi.s32.f32", bits(-0.5f)) == 0xFFFFFFFFu);
@@ -338,4 +344,59 @@ TEST_CASE("PTX interpreter: what it does not implement fails with the name "
   CHECK(implemented("max.NaN.f32"));
   CHECK(implemented("shfl.sync.bfly.b32"));
   CHECK_FALSE(implemented("shfl.bfly.b32"));
+}
+
+TEST_CASE("PTX interpreter: f16/bf16 conversions agree with the runtime's "
+          "codec on every f16 and on random f32") {
+  // 32 values per launch, lane l converts in[l].
+  auto batch = [](const std::string &op, bool from16,
+                  const std::vector<uint64_t> &in) {
+    std::string body =
+        from16 ? "\tld.global.b16 %rs2, [%rd2];\n\t" + op +
+                     " %r3, %rs2;\n\tst.global.b32 [%rd1], %r3;\n"
+               : "\tld.global.b32 %r2, [%rd2];\n\t" + op +
+                     " %rs3, %r2;\n\tst.global.b16 [%rd1], %rs3;\n";
+    Result r = run(body, in);
+    REQUIRE_MESSAGE(r.ok, r.error);
+    return r.out;
+  };
+  int64_t checked = 0;
+  // Every f16 bit pattern widens exactly (NaNs: quieted, payload kept).
+  for (uint32_t base = 0; base < 65536; base += 32) {
+    std::vector<uint64_t> in(32);
+    for (uint32_t l = 0; l < 32; ++l)
+      in[l] = base + l;
+    auto out = batch("cvt.f32.f16", true, in);
+    for (uint32_t l = 0; l < 32; ++l) {
+      float want = flashopt::host::f16_to_f32(uint16_t(base + l));
+      CHECK(uint32_t(out[l]) == bits(want));
+      ++checked;
+    }
+  }
+  // Random f32 (every exponent, many near-ties) narrow like the codec.
+  uint64_t s = 12345;
+  for (int b = 0; b < 256; ++b) {
+    std::vector<uint64_t> in(32);
+    for (auto &v : in) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      uint32_t u = uint32_t(s >> 32);
+      if ((s >> 20) & 1) // a tie or near-tie of the 13 / 16 dropped bits
+        u = (u & ~0x1FFFu) | (((s >> 8) & 1) ? 0x1000u : 0x0FFFu);
+      if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        u &= 0xBFFFFFFFu; // no NaNs here (the codec keeps payloads)
+      v = u;
+    }
+    auto h = batch("cvt.rn.f16.f32", false, in);
+    auto bf = batch("cvt.rn.bf16.f32", false, in);
+    for (int l = 0; l < 32; ++l) {
+      float f;
+      uint32_t u = uint32_t(in[size_t(l)]);
+      std::memcpy(&f, &u, 4);
+      INFO("f32 0x" << std::hex << u);
+      CHECK(uint16_t(h[size_t(l)]) == flashopt::host::f32_to_f16(f));
+      CHECK(uint16_t(bf[size_t(l)]) == flashopt::host::f32_to_bf16(f));
+      ++checked;
+    }
+  }
+  CHECK(checked == 65536 + 256 * 32);
 }
