@@ -143,6 +143,8 @@ struct KernelImpl {
   std::vector<Inst> code;
   std::vector<uint64_t> regMask; ///< per register: value mask of its width
   int numRegs = 0;
+  unsigned ntidLimit[3] = {0, 0, 0}; ///< .maxntid / .reqntid (0: none)
+  bool ntidExact = false;            ///< .reqntid
 };
 
 Kernel::Kernel(std::unique_ptr<KernelImpl> impl) : impl_(std::move(impl)) {}
@@ -706,9 +708,16 @@ struct Parser {
       std::string d = word();
       if (d == ".maxntid" || d == ".reqntid" || d == ".minnctapersm" ||
           d == ".maxnreg" || d == ".maxnctapersm") {
+        std::vector<unsigned> v;
         do {
-          word();
+          v.push_back(unsigned(std::stoul(word())));
         } while (accept(','));
+        if (d == ".maxntid" || d == ".reqntid") {
+          v.resize(3, 1);
+          for (int i = 0; i < 3; ++i)
+            k->ntidLimit[i] = v[size_t(i)];
+          k->ntidExact = d == ".reqntid";
+        }
       } else {
         fail(at, "entry directive " + (d.empty() ? std::string(1, src[pos]) : d) +
                      " is not implemented");
@@ -2277,6 +2286,23 @@ bool launch(const Kernel &kernel, const LaunchDims &dims,
     if (error)
       *error = k.name + ": more than 1024 threads per block";
     return false;
+  }
+  if (k.ntidLimit[0]) {
+    bool bad = false;
+    for (int i = 0; i < 3; ++i)
+      bad |= k.ntidExact ? dims.block[i] != k.ntidLimit[i]
+                         : dims.block[i] > k.ntidLimit[i];
+    if (bad) {
+      if (error)
+        *error = k.name + ": block (" + std::to_string(dims.block[0]) + "," +
+                 std::to_string(dims.block[1]) + "," +
+                 std::to_string(dims.block[2]) + ") violates its " +
+                 (k.ntidExact ? ".reqntid " : ".maxntid ") +
+                 std::to_string(k.ntidLimit[0]) + ", " +
+                 std::to_string(k.ntidLimit[1]) + ", " +
+                 std::to_string(k.ntidLimit[2]);
+      return false;
+    }
   }
   Executor ex(k, dims, params, check);
   try {

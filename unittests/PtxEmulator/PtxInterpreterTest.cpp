@@ -310,6 +310,10 @@ TEST_CASE("PTX interpreter: vector accesses are aligned and bounded") {
   r = run("\tld.global.b64 %rd3, [%rd2+512];\n\tst.global.b64 [%rd1], %rd3;\n");
   CHECK_FALSE(r.ok);
   CHECK(contains(r.error, "outside device memory"));
+  // The kernel says .maxntid 32: a 64-thread block is refused.
+  r = run("\tmov.b32 %r2, 7;\n", {}, 64);
+  CHECK_FALSE(r.ok);
+  CHECK(contains(r.error, ".maxntid 32, 1, 1"));
   r = run("\tmov.b32 %r2, 7;\n\tst.global.b32 [%rd1], %r2;\n", {}, 20);
   REQUIRE_MESSAGE(r.ok, r.error);
   CHECK(uint32_t(r.out[19]) == 7u);
