@@ -7,8 +7,10 @@
 ///
 /// \file
 /// `flashopt-gpu-check --kernels DIR [--device N] [--only NAME]... [--seed S]
-///  [--driver LIBCUDA]` (--driver loads another driver library than
-/// libcuda.so.1: a dry run with the tests' stand-in).
+///  [--driver LIBCUDA] [--multi-max-numel N]` (--driver loads another driver
+/// library than libcuda.so.1: a dry run with the tests' stand-in, or the
+/// PTX interpreter with unittests' flashopt_emulated_cuda; --multi-max-numel
+/// bounds the sizes of the 300-tensor test, 70000 by default).
 ///
 /// For every bundle under DIR that has a GPU kernel for the device:
 ///
@@ -380,7 +382,7 @@ void checkCpuVsGpu(const std::string &dir,
 
 /// Test 2: one multi-tensor launch == one launch per tensor.
 void checkMultiVsSingle(const std::shared_ptr<CudaBundle> &gb, uint64_t seed,
-                        Outcome &out) {
+                        int64_t maxNumel, Outcome &out) {
   const std::shared_ptr<CudaContext> &ctx = gb->context();
   const Manifest &m = gb->manifest();
   const int NT = 300, steps = 2;
@@ -388,7 +390,7 @@ void checkMultiVsSingle(const std::shared_ptr<CudaBundle> &gb, uint64_t seed,
   std::vector<int64_t> sizes(NT), offs(NT);
   int64_t total = 0; // elements, each tensor at a 64-element boundary
   for (int i = 0; i < NT; ++i) {
-    sizes[size_t(i)] = 1 + rng.below(70000);
+    sizes[size_t(i)] = 1 + rng.below(maxNumel);
     offs[size_t(i)] = total;
     total += (sizes[size_t(i)] + 63) / 64 * 64;
   }
@@ -476,7 +478,8 @@ int usage(const char *msg) {
   if (msg)
     std::fprintf(stderr, "flashopt-gpu-check: %s\n", msg);
   std::fprintf(stderr, "usage: flashopt-gpu-check --kernels DIR [--device N] "
-                       "[--only NAME]... [--seed S] [--driver LIBCUDA]\n");
+                       "[--only NAME]... [--seed S] [--driver LIBCUDA] "
+                       "[--multi-max-numel N]\n");
   return 2;
 }
 
@@ -488,6 +491,7 @@ int main(int argc, char **argv) {
   uint64_t seed = 20240601;
   std::vector<std::string> only;
   std::string driverPath;
+  int64_t multiMaxNumel = 70000;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> const char * {
@@ -502,6 +506,8 @@ int main(int argc, char **argv) {
       only.push_back(v);
     else if (a == "--driver" && (v = value()))
       driverPath = v;
+    else if (a == "--multi-max-numel" && (v = value()) && std::atoll(v) > 0)
+      multiMaxNumel = std::atoll(v);
     else if (a == "--seed" && (v = value()))
       seed = std::strtoull(v, nullptr, 10);
     else if (a == "-h" || a == "--help") {
@@ -575,7 +581,7 @@ int main(int argc, char **argv) {
     auto b0 = std::chrono::steady_clock::now();
     Outcome a, b;
     checkCpuVsGpu(dir, *gb, seed + bi, a);
-    checkMultiVsSingle(*gb, seed * 7 + bi, b);
+    checkMultiVsSingle(*gb, seed * 7 + bi, multiMaxNumel, b);
     double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - b0)
             .count();

@@ -14,9 +14,19 @@
 /// records under 2^31 elements, ordered and contiguous, and every buffer
 /// 16-byte aligned and inside a mock allocation or caller memory.
 ///
+/// Built a second time with FLASHOPT_MOCK_CUDA_EMULATE_PTX (the target
+/// flashopt_emulated_cuda), the stand-in instead JIT-"loads" the PTX image
+/// with the PTX interpreter (tools/ptx-emulator) and cuLaunchKernel runs the
+/// launch's grid through it, with the kernel parameters exactly as the
+/// runtime packed them and every global access checked against the mock
+/// allocations (the interpreter replaces the table checks below); cubins
+/// are refused there, so the runtime falls back to the chip's PTX.
+/// mockcuda_last_error() returns the last interpreter error.
+///
 /// Fresh allocations are filled with 0xCD, so a runtime that forgets to zero
 /// its state is caught. Configuration, read at each call:
 ///   FLASHOPT_MOCK_CUDA_CC        compute capability, "8.9" by default;
+///   FLASHOPT_MOCK_CUDA_SMS       SM count (132): fewer SMs, a smaller grid;
 ///   FLASHOPT_MOCK_CUDA_MEMORY    device memory in bytes (16 GiB);
 ///   FLASHOPT_MOCK_CUDA_KERNEL    the CPU kernel library for every symbol;
 ///   FLASHOPT_MOCK_CUDA_KERNELS   else <dir>/<symbol>/<symbol>.x86-64.so.
@@ -34,6 +44,12 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
+
+#ifdef FLASHOPT_MOCK_CUDA_EMULATE_PTX
+#include "ptx-emulator/PtxEmulator.h"
+#include <memory>
+#endif
 
 namespace {
 
@@ -48,15 +64,24 @@ constexpr CUresult kOk = 0, kInvalidValue = 1, kOutOfMemory = 2,
 
 struct Module {
   std::string image;
+#ifdef FLASHOPT_MOCK_CUDA_EMULATE_PTX
+  std::shared_ptr<flashopt::ptxemu::Module> ptx;
+#endif
 };
 struct Function {
   std::string symbol;
   KernelFn fn = nullptr;
+#ifdef FLASHOPT_MOCK_CUDA_EMULATE_PTX
+  std::shared_ptr<flashopt::ptxemu::Module> module;
+  const flashopt::ptxemu::Kernel *kernel = nullptr;
+#endif
 };
 
 std::mutex mu;
 std::map<uintptr_t, size_t> allocations; // base -> bytes
 int64_t liveBytes = 0, totalAllocations = 0, launches = 0;
+std::string lastError;
+uint64_t laneInstructions = 0;
 int contextToken = 0;
 
 int64_t memoryLimit() {
@@ -88,12 +113,24 @@ bool isDevice(uintptr_t p, size_t bytes) {
 
 CUresult fail(CUresult r, const std::string &why) {
   std::fprintf(stderr, "mock libcuda: %s\n", why.c_str());
+  lastError = why;
   return r;
 }
 
 } // namespace
 
 extern "C" {
+
+/// The last error the stand-in reported (interpreter faults included).
+__attribute__((visibility("default"))) const char *mockcuda_last_error() {
+  return lastError.c_str();
+}
+
+/// Lane instructions the interpreter executed so far (0 without it).
+__attribute__((visibility("default"))) uint64_t
+mockcuda_lane_instructions() {
+  return laneInstructions;
+}
 
 __attribute__((visibility("default"))) void
 mockcuda_stats(int64_t *l, int64_t *a, int64_t *live) {
@@ -141,9 +178,11 @@ API cuDeviceGetAttribute(int *v, int attr, int) {
   int major, minor;
   ccFromEnv(&major, &minor);
   switch (attr) {
-  case 16:
-    *v = 132;
+  case 16: {
+    const char *sms = std::getenv("FLASHOPT_MOCK_CUDA_SMS");
+    *v = sms && std::atoi(sms) > 0 ? std::atoi(sms) : 132;
     return kOk;
+  }
   case 75:
     *v = major;
     return kOk;
@@ -181,9 +220,24 @@ API cuModuleLoadDataEx(void **mod, const void *image, unsigned, int *,
   bool ptx = !elf && std::strstr(p, ".version") && std::strstr(p, ".target");
   if (!elf && !ptx)
     return fail(kInvalidImage, "cuModuleLoadDataEx: neither a cubin nor PTX");
+#ifdef FLASHOPT_MOCK_CUDA_EMULATE_PTX
+  if (elf) { // expected: the runtime then loads the chip's PTX
+    lastError = "cuModuleLoadDataEx: the PTX-emulating stand-in runs PTX, "
+                "not cubins";
+    return kInvalidImage;
+  }
+  std::string err;
+  std::shared_ptr<flashopt::ptxemu::Module> parsed =
+      flashopt::ptxemu::Module::parse(p, &err);
+  if (!parsed)
+    return fail(kInvalidImage, "cuModuleLoadDataEx: " + err);
+#endif
   Module *m = new Module();
   if (ptx)
     m->image = p;
+#ifdef FLASHOPT_MOCK_CUDA_EMULATE_PTX
+  m->ptx = parsed;
+#endif
   *mod = m;
   return kOk;
 }
@@ -196,6 +250,19 @@ API cuModuleGetFunction(void **fn, void *mod, const char *name) {
   if (!m->image.empty() &&
       m->image.find(std::string(".entry ") + name) == std::string::npos)
     return fail(kNotFound, std::string("no entry ") + name + " in the PTX");
+#ifdef FLASHOPT_MOCK_CUDA_EMULATE_PTX
+  {
+    const flashopt::ptxemu::Kernel *k = m->ptx->kernel(name);
+    if (!k)
+      return fail(kNotFound, std::string("no entry ") + name + " in the PTX");
+    Function *f = new Function(); // leaked with the module: tests only
+    f->symbol = name;
+    f->module = m->ptx;
+    f->kernel = k;
+    *fn = f;
+    return kOk;
+  }
+#endif
   std::string lib;
   if (const char *k = std::getenv("FLASHOPT_MOCK_CUDA_KERNEL"))
     lib = k;
@@ -233,6 +300,19 @@ API cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
   int64_t a[6];
   for (int i = 0; i < 6; ++i)
     std::memcpy(&a[i], params[i], 8);
+#ifdef FLASHOPT_MOCK_CUDA_EMULATE_PTX
+  // The interpreter is the check: every access the kernel makes must be
+  // inside a device allocation and aligned, so a partial table (a pointer
+  // into the middle of the runtime's table) is fine here.
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (a[1] < 1 || !isDevice(uintptr_t(a[0]), 8 * size_t(a[1])))
+      return fail(kLaunchFailed, "the table is not in device memory");
+    if (a[4] < 0 || a[5] > INT32_MAX || a[4] >= a[5])
+      return fail(kLaunchFailed, "bad group range");
+    ++launches;
+  }
+#else
   const int64_t *table = reinterpret_cast<const int64_t *>(a[0]);
   int64_t n = a[1];
   int64_t R = 0;
@@ -271,8 +351,38 @@ API cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     if (expect != a[5])
       return fail(kLaunchFailed, "group_end is not the table's total");
   }
+#endif
+#ifdef FLASHOPT_MOCK_CUDA_EMULATE_PTX
+  // The kernel's own parameter list, filled from kernelParams as the driver
+  // does: each parameter's bytes from its pointer.
+  const auto &decl = f->kernel->params();
+  std::vector<uint8_t> buf(f->kernel->param_bytes(), 0);
+  for (size_t i = 0; i < decl.size(); ++i)
+    std::memcpy(buf.data() + decl[i].first, params[i], decl[i].second);
+  flashopt::ptxemu::LaunchDims dims;
+  dims.grid[0] = gx;
+  dims.grid[1] = gy;
+  dims.grid[2] = gz;
+  dims.block[0] = bx;
+  dims.block[1] = by;
+  dims.block[2] = bz;
+  std::lock_guard<std::mutex> lock(mu);
+  std::string err;
+  flashopt::ptxemu::LaunchStats st;
+  bool ok = flashopt::ptxemu::launch(
+      *f->kernel, dims, buf,
+      [](uint64_t addr, uint64_t bytes, bool) {
+        return isDevice(uintptr_t(addr), size_t(bytes));
+      },
+      &err, &st);
+  laneInstructions += st.lane_instructions;
+  if (!ok)
+    return fail(kLaunchFailed, "cuLaunchKernel(" + f->symbol + "): " + err);
+  return kOk;
+#else
   f->fn(table, n, reinterpret_cast<const float *>(a[2]), a[3], a[4], a[5]);
   return kOk;
+#endif
 }
 
 API cuMemGetInfo_v2(size_t *fr, size_t *total) {
