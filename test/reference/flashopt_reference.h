@@ -132,17 +132,26 @@ inline float widen(DType t, const void *p, int64_t i) {
     return 0.0f;
   }
 }
-/// Narrows an f32 to storage `t` and stores it.
+/// A stored NaN is canonical (docs/NUMERICS.md §5): all ones but the sign.
+inline uint32_t canonicalF32(uint32_t u) {
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FFFFFFFu : u;
+}
+inline uint16_t canonical16(DType t, uint16_t h) {
+  uint16_t exp = t == DType::BF16 ? 0x7F80u : 0x7C00u;
+  return (h & 0x7FFFu) > exp ? uint16_t(0x7FFFu) : h;
+}
+
+/// Narrows an f32 to storage `t` and stores it (NaNs canonical).
 inline void narrowStore(DType t, void *p, int64_t i, float v) {
   switch (t) {
   case DType::F32:
-    static_cast<float *>(p)[i] = v;
+    static_cast<float *>(p)[i] = floatOf(canonicalF32(bitsOf(v)));
     break;
   case DType::BF16:
-    static_cast<uint16_t *>(p)[i] = f32_to_bf16(v);
+    static_cast<uint16_t *>(p)[i] = canonical16(t, f32_to_bf16(v));
     break;
   case DType::F16:
-    static_cast<uint16_t *>(p)[i] = f32_to_f16(v);
+    static_cast<uint16_t *>(p)[i] = canonical16(t, f32_to_f16(v));
     break;
   default:
     break;
@@ -500,7 +509,7 @@ inline void reference_step(const Config &cfg,
         uint16_t nb;
         int32_t rho;
         ecc_encode(thetaNew[i], cfg.param, cfg.correction, &nb, &rho);
-        static_cast<uint16_t *>(param)[e] = nb;
+        static_cast<uint16_t *>(param)[e] = canonical16(cfg.param, nb);
         if (cfg.correction == DType::I8)
           static_cast<int8_t *>(corr)[e] = int8_t(rho);
         else
@@ -516,9 +525,10 @@ inline void reference_step(const Config &cfg,
         uint32_t scale = quantize_group(statesNew[k].data(), n, enc.q,
                                         codes.data());
         if (enc.q.scale == DType::F32)
-          static_cast<float *>(sb[k].b)[gi] = floatOf(scale);
+          static_cast<float *>(sb[k].b)[gi] = floatOf(canonicalF32(scale));
         else
-          static_cast<uint16_t *>(sb[k].b)[gi] = uint16_t(scale);
+          static_cast<uint16_t *>(sb[k].b)[gi] =
+              canonical16(enc.q.scale, uint16_t(scale));
         for (int i = 0; i < n; ++i) {
           if (enc.q.isSigned)
             static_cast<int8_t *>(sb[k].a)[g0 + i] = int8_t(codes[i]);

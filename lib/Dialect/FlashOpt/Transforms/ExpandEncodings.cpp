@@ -177,6 +177,40 @@ Type accessType(Type t) {
   return t;
 }
 
+/// Every float a kernel stores is made canonical when it is a NaN: all
+/// ones but the sign (0x7FFFFFFF for f32, 0x7FFF for bf16 and f16), the NaN
+/// NVIDIA GPUs produce. Both back ends then store the same bits for every
+/// NaN, whatever payload the CPU's arithmetic or conversions would give
+/// (docs/NUMERICS.md §5). In integers: |bits| > the exponent mask means NaN.
+void canonicalizeStoredNaNs(GroupBodyOp body) {
+  SmallVector<Operation *> stores;
+  body.walk([&](Operation *op) {
+    if (isa<StoreElementOp, StoreGroupOp>(op) &&
+        isa<FloatType>(op->getOperand(0).getType()))
+      stores.push_back(op);
+  });
+  for (Operation *store : stores) {
+    OpBuilder b(store);
+    Location loc = store->getLoc();
+    Value v = store->getOperand(0);
+    auto ft = cast<FloatType>(v.getType());
+    unsigned w = ft.getWidth();
+    Type it = b.getIntegerType(w);
+    uint64_t expMask = ft.isF32() ? 0x7F800000u : ft.isBF16() ? 0x7F80u : 0x7C00u;
+    uint64_t magMask = w == 32 ? 0x7FFFFFFFu : 0x7FFFu;
+    auto cst = [&](uint64_t x) {
+      return arith::ConstantOp::create(b, loc, it, b.getIntegerAttr(it, x))
+          .getResult();
+    };
+    Value bits = arith::BitcastOp::create(b, loc, it, v);
+    Value mag = arith::AndIOp::create(b, loc, bits, cst(magMask));
+    Value isNaN = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ugt, mag,
+                                        cst(expMask));
+    Value canon = arith::SelectOp::create(b, loc, isNaN, cst(magMask), bits);
+    store->setOperand(0, arith::BitcastOp::create(b, loc, ft, canon));
+  }
+}
+
 LogicalResult expandOptimizer(OptimizerOp op) {
   OpBuilder b(op);
   Location loc = op.getLoc();
@@ -302,6 +336,7 @@ LogicalResult expandOptimizer(OptimizerOp op) {
     }
   }
 
+  canonicalizeStoredNaNs(body);
   op.erase();
   return success();
 }

@@ -18,8 +18,15 @@
 // CHECK:   %[[MN:.*]] = arith.addf %[[MM]], %[[G]] : f32
 // CHECK:   %[[D:.*]] = arith.mulf %[[MN]], %[[LR]] : f32
 // CHECK:   %[[T:.*]] = arith.subf %[[P]], %[[D]] : f32
-// CHECK:   flashopt.store_element 0, %[[T]] : f32
-// CHECK:   flashopt.store_element 2, %[[MN]] : f32
+// A stored NaN is canonical: |bits| > 0x7F800000 -> 0x7FFFFFFF.
+// CHECK:   %[[TB:.*]] = arith.bitcast %[[T]] : f32 to i32
+// CHECK:   %[[TM:.*]] = arith.andi %[[TB]], %{{.*}} : i32
+// CHECK:   %[[TN:.*]] = arith.cmpi ugt, %[[TM]], %{{.*}} : i32
+// CHECK:   %[[TC:.*]] = arith.select %[[TN]], %{{.*}}, %[[TB]] : i32
+// CHECK:   %[[TS:.*]] = arith.bitcast %[[TC]] : i32 to f32
+// CHECK:   flashopt.store_element 0, %[[TS]] : f32
+// CHECK:   arith.bitcast %[[MN]] : f32 to i32
+// CHECK:   flashopt.store_element 2, %{{.*}} : f32
 // CHECK-NOT: flashopt.optimizer
 flashopt.optimizer @sgd_f32 param(#flashopt.master<f32>) grad(f32) {
   %lr = flashopt.hyper "lr" default(1.000000e-01) : f32
@@ -62,7 +69,9 @@ flashopt.optimizer @sgd_f32 param(#flashopt.master<f32>) grad(f32) {
 // CHECK: math.copysign
 // CHECK: arith.cmpf uno
 // CHECK: %[[RHO:.*]] = arith.fptosi {{.*}} : f32 to i8
-// CHECK: flashopt.store_element 0, %[[NEW]] : bf16
+// CHECK: arith.bitcast %[[NEW]] : bf16 to i16
+// CHECK: arith.cmpi ugt
+// CHECK: flashopt.store_element 0, %{{.*}} : bf16
 // CHECK: flashopt.store_element 1, %[[RHO]] : i8
 flashopt.optimizer @ecc param(#flashopt.master<bf16, correction = i8>) grad(bf16) {
   flashopt.update(%theta: f32, %g: f32) {
@@ -91,7 +100,8 @@ flashopt.optimizer @ecc param(#flashopt.master<bf16, correction = i8>) grad(bf16
 // CHECK: %[[S:.*]] = arith.truncf %[[A]] : f32 to f16
 // CHECK: math.floor
 // CHECK: arith.fptosi {{.*}} : f32 to i8
-// CHECK: flashopt.store_group 3, %[[S]] : f16
+// CHECK: arith.bitcast %[[S]] : f16 to i16
+// CHECK: flashopt.store_group 3, %{{.*}} : f16
 // CHECK: flashopt.store_element 2
 // CHECK: math.sqrt
 // CHECK: flashopt.group_max
