@@ -352,12 +352,18 @@ class FlashOptimizer(Optimizer):
         for b, (present, ch_i, ch_p, full) in plans:
             if not present:
                 continue
+            if b.device.type == "cuda":
+                # libflashopt launches on its own stream: the gradients torch
+                # wrote on its current stream must be complete first.
+                torch.cuda.current_stream(b.device).synchronize()
             self._set_grads(b, ch_i, ch_p)
             if full:
                 L.check(b._lib.flashopt_step(b.handle), "flashopt_step")
             else:  # torch skips parameters without gradient
                 for i in present:
                     L.check(b._lib.flashopt_step_param(b.handle, i), "flashopt_step_param")
+            if b.device.type == "cuda":
+                L.check(b._lib.flashopt_synchronize(b.handle), "flashopt_synchronize")
         return loss
 
     def _step_one(self, p: torch.Tensor):
@@ -373,7 +379,11 @@ class FlashOptimizer(Optimizer):
         if ptr != b.grad_ptrs[i]:
             L.call("flashopt_set_grad", b.handle, i, ctypes.c_void_p(ptr), b.grad_code, g.numel())
             b.grad_ptrs[i] = ptr
+        if b.device.type == "cuda":
+            torch.cuda.current_stream(b.device).synchronize()
         L.call("flashopt_step_param", b.handle, i)
+        if b.device.type == "cuda":
+            L.call("flashopt_synchronize", b.handle)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._gradient_release is not None:
