@@ -60,18 +60,31 @@ PY_REQS=(
   "pytest:pytest"
   "tqdm:tqdm"
 )
-py_missing=()
-for r in "${PY_REQS[@]}"; do
-  mod=${r%%:*}
-  req=${r#*:}
-  if [[ $mod == torch ]]; then
-    # torch 2.x only
-    check='import torch, sys; sys.exit(0 if int(torch.__version__.split(".")[0]) >= 2 else 1)'
-  else
-    check="import $mod"
-  fi
-  if ! "$VENV/bin/python" -c "$check" >/dev/null 2>&1; then
-    py_missing+=("$req")
+# One interpreter start checks them all (importing torch takes seconds).
+mapfile -t py_missing < <("$VENV/bin/python" - "${PY_REQS[@]}" <<'PY'
+import importlib, sys
+for r in sys.argv[1:]:
+    mod, req = r.split(":", 1)
+    try:
+        m = importlib.import_module(mod)
+        if mod == "torch" and int(m.__version__.split(".")[0]) < 2:
+            raise ImportError("torch 1.x")
+    except Exception:
+        print(req)
+import platform
+try:
+    import torch, safetensors
+    print(f"#python {platform.python_version()} torch {torch.__version__} "
+          f"safetensors {safetensors.__version__}")
+except Exception:
+    pass
+PY
+)
+py_versions=""
+for i in "${!py_missing[@]}"; do
+  if [[ ${py_missing[$i]} == "#"* ]]; then
+    py_versions=${py_missing[$i]#\#}
+    unset 'py_missing[i]'
   fi
 done
 if ((${#py_missing[@]})); then
@@ -92,4 +105,7 @@ if [[ ! "$ROOT/.venv" -ef "$VENV" ]]; then
   fi
   ln -sfn "$VENV" "$ROOT/.venv"
 fi
-echo "setup: python $("$ROOT/.venv/bin/python" -c 'import sys, torch, safetensors; print(sys.version.split()[0], "torch", torch.__version__, "safetensors", safetensors.__version__)') in $ROOT/.venv -> $VENV"
+if [[ -z $py_versions ]]; then
+  py_versions=$("$ROOT/.venv/bin/python" -c 'import platform, torch, safetensors; print("python", platform.python_version(), "torch", torch.__version__, "safetensors", safetensors.__version__)')
+fi
+echo "setup: $py_versions in $ROOT/.venv -> $VENV"
