@@ -250,16 +250,18 @@ class FlashOptimizer(Optimizer):
                 new_bundles[key] = _Bundle(type(self).__name__, spec, p.dtype, p.device,
                                            self._mode(p.dtype))
         # Overlapping memory (two views of one storage) is refused by the library;
-        # check here so that nothing is half registered.
-        spans = [(q.device, q.data_ptr(), q.data_ptr() + q.numel() * q.element_size())
-                 for g in self.param_groups for q in g["params"]]
-        for p in params:
-            a, b = p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()
-            for dev, c, d in spans:
-                if dev == p.device and a < d and c < b and id(p) not in self._where:
-                    raise ValueError("flashopt: two parameters share memory (views of one "
-                                     "tensor); register the base tensor instead")
-            spans.append((p.device, a, b))
+        # check here so that nothing is half registered (sorted spans: O(n log n)).
+        # The same tensor twice is torch's business (a warning within a group,
+        # an error across groups); it is registered once.
+        spans = sorted({id(q): (str(q.device), q.data_ptr(),
+                                q.data_ptr() + q.numel() * q.element_size())
+                        for q in [*(q for g in self.param_groups for q in g["params"]),
+                                  *params]}.values())
+        for (d0, _, e0), (d1, s1, _) in zip(spans, spans[1:]):
+            if d0 == d1 and s1 < e0:
+                raise ValueError("flashopt: two parameters share memory (views of one "
+                                 "tensor, or one tensor given twice); register each tensor "
+                                 "once")
         param_group = dict(param_group)
         param_group["params"] = params
         super().add_param_group(param_group)  # torch's checks: duplicates, defaults
@@ -270,6 +272,8 @@ class FlashOptimizer(Optimizer):
         gi = len(self.param_groups) - 1
         self._bundles.update(new_bundles)
         for p in params:
+            if id(p) in self._where:
+                continue
             b = self._bundles[(p.dtype, str(p.device))]
             idx = b.add(p, gi, self._num_params)
             self._where[id(p)] = (b, idx)

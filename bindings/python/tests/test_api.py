@@ -234,3 +234,18 @@ def test_dtensor_is_refused():
             flashopt.FlashAdamW([torch.nn.Parameter(t)])
     finally:
         dist.destroy_process_group()
+
+
+def test_shared_and_duplicate_parameters_like_torch():
+    a, b = torch.zeros(32, requires_grad=True), torch.zeros(32, requires_grad=True)
+    o = flashopt.FlashSGD([a])
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        o.add_param_group({"params": [a, b]})
+    assert len(o.param_groups) == 1
+    with pytest.warns(UserWarning, match="duplicate"):
+        d = flashopt.FlashSGD([b, b], lr=0.5, quantize=False)
+    b.grad = torch.ones(32)
+    d.step()
+    assert torch.equal(b.detach(), torch.full((32,), -0.5))  # stepped once
+    many = [torch.zeros(16, requires_grad=True) for _ in range(3000)]
+    assert len(flashopt.FlashSGD(many)._bundle_list()[0].params) == 3000
