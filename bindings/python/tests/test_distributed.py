@@ -86,6 +86,9 @@ def worker(rank, port, mode, dtype_name, out):
             identical.append(all(torch.equal(vs[0], w) for w in vs))
         if rank == 0:
             torch.save({"params": flat(model), "identical": identical}, out)
+        # Both ranks leave together: gloo aborts a process whose peer tore the
+        # connection down first ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
