@@ -8,7 +8,7 @@ PKGS=(
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools
   nlohmann-json3-dev libfmt-dev doctest-dev libdlpack-dev
   libopenmpi-dev openmpi-bin
-  python3-torch python3-numpy
+  python3-venv
 )
 
 missing=()
@@ -36,16 +36,76 @@ else
   echo "setup: no CUDA toolkit found; ptxas tests will be skipped"
 fi
 
-# Python for the tests: Debian's python3 (with python3-torch and numpy) plus
-# the `safetensors` package, which Debian 12 does not ship, in a virtual
-# environment that sees the system packages: .venv/ (git-ignored).
-VENV="$(cd "$(dirname "$0")/.." && pwd)/.venv"
-if ! "$VENV/bin/python" -c 'import safetensors, numpy' 2>/dev/null; then
-  if ! /usr/bin/python3 -m venv --help >/dev/null 2>&1; then
-    SUDO=""; if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv
-  fi
-  /usr/bin/python3 -m venv --system-site-packages "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check 'safetensors>=0.4'
+# Python for the tests, the binding (bindings/python) and the demo: a virtual
+# environment with torch 2.x from the package index (not Debian's torch 1.13),
+# numpy, safetensors, scikit-learn (the bundled digits data set), matplotlib,
+# pytest and tqdm. torch with its CUDA libraries is ~4 GB, so the environment
+# lives outside the checkout, in ${FLASHOPT_VENV:-$HOME/.cache/flashopt/venv},
+# shared by every clone on this machine (CI runs in a fresh clone); .venv in the
+# checkout is a symlink to it. Only missing packages are installed.
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="${FLASHOPT_VENV:-$HOME/.cache/flashopt/venv}"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "setup: creating the Python virtual environment $VENV"
+  mkdir -p "$(dirname "$VENV")"
+  /usr/bin/python3 -m venv "$VENV"
 fi
-echo "setup: python with safetensors in $VENV ($("$VENV/bin/python" -c 'import safetensors; print(safetensors.__version__)'))"
+# import name -> pip requirement
+PY_REQS=(
+  "numpy:numpy"
+  "safetensors:safetensors>=0.4"
+  "torch:torch>=2.1"
+  "sklearn:scikit-learn"
+  "matplotlib:matplotlib"
+  "pytest:pytest"
+  "tqdm:tqdm"
+)
+# One interpreter start checks them all (importing torch takes seconds).
+mapfile -t py_missing < <("$VENV/bin/python" - "${PY_REQS[@]}" <<'PY'
+import importlib, sys
+for r in sys.argv[1:]:
+    mod, req = r.split(":", 1)
+    try:
+        m = importlib.import_module(mod)
+        if mod == "torch" and int(m.__version__.split(".")[0]) < 2:
+            raise ImportError("torch 1.x")
+    except Exception:
+        print(req)
+import platform
+try:
+    import torch, safetensors
+    print(f"#python {platform.python_version()} torch {torch.__version__} "
+          f"safetensors {safetensors.__version__}")
+except Exception:
+    pass
+PY
+)
+py_versions=""
+for i in "${!py_missing[@]}"; do
+  if [[ ${py_missing[$i]} == "#"* ]]; then
+    py_versions=${py_missing[$i]#\#}
+    unset 'py_missing[i]'
+  fi
+done
+if ((${#py_missing[@]})); then
+  echo "setup: installing into $VENV: ${py_missing[*]}"
+  case " ${py_missing[*]} " in
+    *" torch>=2.1 "*) echo "setup: torch is large (~4 GB with its CUDA libraries); this takes a few minutes once";;
+  esac
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${py_missing[@]}"
+else
+  echo "setup: Python packages present in $VENV"
+fi
+# .venv in the checkout -> the shared environment (an old .venv directory made by
+# an earlier setup.sh is replaced).
+if [[ ! "$ROOT/.venv" -ef "$VENV" ]]; then
+  if [[ -e "$ROOT/.venv" && ! -L "$ROOT/.venv" ]]; then
+    echo "setup: replacing the old $ROOT/.venv directory by a link to $VENV"
+    rm -rf "$ROOT/.venv"
+  fi
+  ln -sfn "$VENV" "$ROOT/.venv"
+fi
+if [[ -z $py_versions ]]; then
+  py_versions=$("$ROOT/.venv/bin/python" -c 'import platform, torch, safetensors; print("python", platform.python_version(), "torch", torch.__version__, "safetensors", safetensors.__version__)')
+fi
+echo "setup: $py_versions in $ROOT/.venv -> $VENV"

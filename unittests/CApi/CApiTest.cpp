@@ -673,6 +673,65 @@ TEST_CASE("set_hyper takes effect at the next step (LR schedule)") {
   CHECK(differs);
 }
 
+TEST_CASE("set_grads re-points many gradients in one call, all or nothing") {
+  Model base(*load_manifest(bundleDir(kSpec) + "/manifest.json"), 5);
+  Model ms = base.clone(), mb = base.clone();
+  AbiOpt s(kSpec, ms), b(kSpec, mb);
+  const int64_t n = int64_t(kSizes.size());
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < n; ++i)
+    idx.push_back(i);
+  for (int step = 0; step < 3; ++step) {
+    ms.fillGrads(step);
+    // Fresh gradient memory every step (as torch's set_to_none gives).
+    Model fresh = ms.clone();
+    std::vector<const void *> ptrs;
+    for (const Buf &g : fresh.grads)
+      ptrs.push_back(g.data());
+    REQUIRE_MESSAGE(flashopt_set_grads(b.opt, n, idx.data(), ptrs.data(),
+                                       FLASHOPT_BF16) == FLASHOPT_OK,
+                    lastError());
+    stepOk(s.opt);
+    stepOk(b.opt);
+    for (size_t i = 0; i < kSizes.size(); ++i)
+      CHECK(ms.params[i] == mb.params[i]);
+    mb.grads = fresh.grads; // keep them alive like the model's
+  }
+  // A bad entry (wrong size / misaligned / bad index / bad dtype) changes
+  // nothing: the next step still uses the gradients set before.
+  Buf odd(4097 * 2 + 64);
+  std::vector<const void *> bad = {mb.grads[0].data(), mb.grads[1].data(),
+                                   odd.data() + 2, mb.grads[3].data(),
+                                   mb.grads[4].data()};
+  Buf other(64 * 2);
+  std::vector<int64_t> badIdx = idx;
+  CHECK(flashopt_set_grads(b.opt, n, idx.data(), bad.data(), FLASHOPT_BF16) ==
+        FLASHOPT_ERROR_INVALID_ARGUMENT);
+  CHECK(contains(lastError(), "flashopt_set_grads"));
+  CHECK(contains(lastError(), "'layer2.w'"));
+  CHECK(contains(lastError(), "aligned"));
+  badIdx[1] = n;
+  std::vector<const void *> good = {other.data(), other.data(), other.data(),
+                                    other.data(), other.data()};
+  CHECK(flashopt_set_grads(b.opt, n, badIdx.data(), good.data(),
+                           FLASHOPT_BF16) == FLASHOPT_ERROR_INVALID_ARGUMENT);
+  CHECK(flashopt_set_grads(b.opt, 1, idx.data(), good.data(), FLASHOPT_F32) ==
+        FLASHOPT_ERROR_DTYPE);
+  CHECK(flashopt_set_grads(b.opt, -1, idx.data(), good.data(),
+                           FLASHOPT_BF16) == FLASHOPT_ERROR_INVALID_ARGUMENT);
+  CHECK(flashopt_set_grads(b.opt, 1, nullptr, good.data(), FLASHOPT_BF16) ==
+        FLASHOPT_ERROR_INVALID_ARGUMENT);
+  CHECK(flashopt_set_grads(b.opt, 0, nullptr, nullptr, FLASHOPT_BF16) ==
+        FLASHOPT_OK);
+  ms.fillGrads(7);
+  for (size_t i = 0; i < kSizes.size(); ++i)
+    std::memcpy(mb.grads[i].data(), ms.grads[i].data(), ms.grads[i].bytes);
+  stepOk(s.opt);
+  stepOk(b.opt);
+  for (size_t i = 0; i < kSizes.size(); ++i)
+    CHECK(ms.params[i] == mb.params[i]);
+}
+
 TEST_CASE(
     "nonfinite policy: SKIP changes nothing and counts, PROPAGATE steps") {
   // bf16, f32 and f16 gradients; a tensor scanned in several pieces.

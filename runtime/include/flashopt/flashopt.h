@@ -291,6 +291,17 @@ FLASHOPT_API flashopt_status flashopt_set_grad(flashopt_optimizer opt,
 FLASHOPT_API flashopt_status flashopt_set_grad_dlpack(flashopt_optimizer opt,
                                                       int64_t index,
                                                       const void *grad /* const DLTensor * */);
+/** Re-points the gradients of `count` parameters in one call: parameter
+ *  `indices[k]` gets `grads[k]` (of `grad_dtype` and that parameter's numel,
+ *  like flashopt_set_grad). Every entry is checked before any is applied: on
+ *  failure nothing was changed. For bindings that see new gradient memory
+ *  every step (PyTorch's zero_grad(set_to_none=True)), so that a step costs a
+ *  constant number of calls instead of one per parameter. */
+FLASHOPT_API flashopt_status flashopt_set_grads(flashopt_optimizer opt,
+                                                int64_t count,
+                                                const int64_t *indices,
+                                                const void *const *grads,
+                                                flashopt_dtype grad_dtype);
 FLASHOPT_API flashopt_status flashopt_num_params(flashopt_optimizer opt,
                                                  int64_t *out);
 /** The index of the parameter named `name`. */

@@ -406,6 +406,29 @@ flashopt_status flashopt_set_grad_dlpack(flashopt_optimizer opt, int64_t index,
   });
 }
 
+flashopt_status flashopt_set_grads(flashopt_optimizer opt, int64_t count,
+                                   const int64_t *indices,
+                                   const void *const *grads,
+                                   flashopt_dtype grad_dtype) {
+  return guard("flashopt_set_grads", [&] {
+    Locked o(opt);
+    if (count < 0)
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+           "count is negative (" + std::to_string(count) + ")");
+    if (count == 0)
+      return;
+    needOut(indices, "indices");
+    needOut(grads, "grads");
+    for (int64_t k = 0; k < count; ++k) {
+      int64_t i = indices[k];
+      checkIndex(*o, i);
+      checkGrad(*o, i, grads[k], grad_dtype, o->params[size_t(i)].numel);
+    }
+    for (int64_t k = 0; k < count; ++k)
+      applyGrad(*o, indices[k], grads[k]);
+  });
+}
+
 flashopt_status flashopt_num_params(flashopt_optimizer opt, int64_t *out) {
   return guard("flashopt_num_params", [&] {
     needOut(out, "out");

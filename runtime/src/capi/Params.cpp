@@ -120,6 +120,12 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
 
 void setGrad(OptObj &o, int64_t index, const void *grad, flashopt_dtype dt,
              int64_t numel) {
+  checkGrad(o, index, grad, dt, numel);
+  applyGrad(o, index, grad);
+}
+
+void checkGrad(OptObj &o, int64_t index, const void *grad, flashopt_dtype dt,
+               int64_t numel) {
   checkIndex(o, index);
   const ParamRec &p = o.params[size_t(index)];
   std::string who = o.describe(index);
@@ -134,9 +140,12 @@ void setGrad(OptObj &o, int64_t index, const void *grad, flashopt_dtype dt,
   if (uintptr_t(grad) % 16 != 0)
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
          who + ": the grad address is not 16-byte aligned");
+}
+
+void applyGrad(OptObj &o, int64_t index, const void *grad) {
   Status s = o.opt->set_grad(index, const_cast<void *>(grad));
   if (!s)
-    fail(FLASHOPT_ERROR_INTERNAL, who + ": " + s.message());
+    fail(FLASHOPT_ERROR_INTERNAL, o.describe(index) + ": " + s.message());
 }
 
 } // namespace flashopt::capi

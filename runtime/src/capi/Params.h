@@ -29,6 +29,11 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
 /// Re-points parameter `index`'s gradient after the common checks.
 void setGrad(OptObj &o, int64_t index, const void *grad, flashopt_dtype dt,
              int64_t numel);
+/// The checks of setGrad alone (nothing changes).
+void checkGrad(OptObj &o, int64_t index, const void *grad, flashopt_dtype dt,
+               int64_t numel);
+/// Re-points parameter `index`'s gradient (checked by checkGrad).
+void applyGrad(OptObj &o, int64_t index, const void *grad);
 
 } // namespace flashopt::capi
 

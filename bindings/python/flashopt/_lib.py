@@ -1,0 +1,217 @@
+"""ctypes bindings of libflashopt's C ABI (runtime/include/flashopt/flashopt.h).
+
+Only this module knows the C ABI. The library is found, in this order, at
+$FLASHOPT_LIBRARY, next to this package (an installed copy: flashopt/lib/),
+in the source tree's build directory (<repo>/build/lib/libflashopt.so, the
+layout of scripts/build.sh), and by the dynamic loader (libflashopt.so on the
+library path). Bundles (flashopt-gen output, one directory per spec) are found
+at $FLASHOPT_KERNELS, next to this package (flashopt/kernels/), or in
+<repo>/build/kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from pathlib import Path
+
+ABI_VERSION = 1
+
+# flashopt_status
+OK = 0
+STATUS_NAMES = {
+    0: "FLASHOPT_OK", 1: "FLASHOPT_ERROR_INVALID_ARGUMENT", 2: "FLASHOPT_ERROR_INVALID_HANDLE",
+    3: "FLASHOPT_ERROR_DTYPE", 4: "FLASHOPT_ERROR_DEVICE", 5: "FLASHOPT_ERROR_SIZE",
+    6: "FLASHOPT_ERROR_NOT_FOUND", 7: "FLASHOPT_ERROR_ALREADY_EXISTS", 8: "FLASHOPT_ERROR_STATE",
+    9: "FLASHOPT_ERROR_FORMAT", 10: "FLASHOPT_ERROR_MISMATCH", 11: "FLASHOPT_ERROR_IO",
+    12: "FLASHOPT_ERROR_OUT_OF_MEMORY", 13: "FLASHOPT_ERROR_UNSUPPORTED",
+    14: "FLASHOPT_ERROR_NUMERICS", 15: "FLASHOPT_ERROR_CUDA", 16: "FLASHOPT_ERROR_INTERNAL",
+}
+ERROR_NUMERICS = 14
+
+# flashopt_dtype
+BF16, F16, F32, I8, U8, I16 = 0, 1, 2, 3, 4, 5
+DTYPE_NAMES = {BF16: "bf16", F16: "f16", F32: "f32", I8: "i8", U8: "ui8", I16: "i16"}
+
+DEVICE_CPU, DEVICE_CUDA = 1, 2
+CHECKPOINT_COMPRESSED, CHECKPOINT_F32 = 0, 1
+NONFINITE_PROPAGATE, NONFINITE_SKIP = 0, 1
+
+
+class FlashOptError(RuntimeError):
+    """A libflashopt call failed; `status` is the flashopt_status name."""
+
+    def __init__(self, status: int, message: str):
+        self.status = STATUS_NAMES.get(status, str(status))
+        self.code = status
+        super().__init__(f"{message} [{self.status}]")
+
+
+class OptimizerInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("rule", ctypes.c_char_p), ("spec_hash", ctypes.c_char_p),
+        ("param_dtype", ctypes.c_int), ("grad_dtype", ctypes.c_int),
+        ("has_correction", ctypes.c_int), ("correction_dtype", ctypes.c_int),
+        ("group_size", ctypes.c_int64), ("num_hypers", ctypes.c_int32),
+        ("num_states", ctypes.c_int32), ("device_type", ctypes.c_int),
+        ("device_id", ctypes.c_int32),
+    ]
+
+
+class MemoryReport(ctypes.Structure):
+    _fields_ = [
+        ("numel", ctypes.c_int64), ("param_bytes", ctypes.c_int64),
+        ("correction_bytes", ctypes.c_int64), ("grad_bytes", ctypes.c_int64),
+        ("state_bytes", ctypes.c_int64), ("total_bytes", ctypes.c_int64),
+        ("total_bytes_with_grad_release", ctypes.c_int64), ("allocated_bytes", ctypes.c_int64),
+        ("bytes_per_param", ctypes.c_double),
+        ("bytes_per_param_with_grad_release", ctypes.c_double),
+    ]
+
+
+class NumericsReport(ctypes.Structure):
+    _fields_ = [
+        ("params_checked", ctypes.c_int64), ("params_too_small", ctypes.c_int64),
+        ("first_param", ctypes.c_int64), ("first_group", ctypes.c_int32),
+        ("max_abs", ctypes.c_double), ("lr", ctypes.c_double), ("min_lr", ctypes.c_double),
+        ("nonfinite_params", ctypes.c_int64),
+    ]
+
+
+def _source_root() -> Path:
+    # bindings/python/flashopt/_lib.py -> the repository root
+    return Path(__file__).resolve().parents[3]
+
+
+def _build_dir() -> Path:
+    return Path(os.environ.get("FLASHOPT_BUILD_DIR", _source_root() / "build"))
+
+
+def library_path() -> str:
+    """The libflashopt that `lib()` loads (or would load)."""
+    env = os.environ.get("FLASHOPT_LIBRARY")
+    if env:
+        if not Path(env).is_file():
+            raise FileNotFoundError(f"flashopt: FLASHOPT_LIBRARY={env} is not a file")
+        return env
+    for cand in (Path(__file__).resolve().parent / "lib" / "libflashopt.so",
+                 _build_dir() / "lib" / "libflashopt.so"):
+        if cand.is_file():
+            return str(cand)
+    found = ctypes.util.find_library("flashopt")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "flashopt: libflashopt.so not found: set FLASHOPT_LIBRARY, or build the project "
+        f"(bash scripts/build.sh build) so that {_build_dir() / 'lib' / 'libflashopt.so'} exists")
+
+
+def kernels_dir() -> Path:
+    """The directory holding one bundle directory per spec."""
+    env = os.environ.get("FLASHOPT_KERNELS")
+    if env:
+        return Path(env)
+    local = Path(__file__).resolve().parent / "kernels"
+    if local.is_dir():
+        return local
+    return _build_dir() / "kernels"
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+_c = ctypes
+_vp = ctypes.c_void_p
+_SIGS = {
+    "flashopt_last_error": (_c.c_char_p, []),
+    "flashopt_status_name": (_c.c_char_p, [_c.c_int]),
+    "flashopt_version": (_c.c_char_p, []),
+    "flashopt_abi_version": (_c.c_int, []),
+    "flashopt_context_create": (_c.c_int, [_c.c_int, _c.c_int, _c.POINTER(_vp)]),
+    "flashopt_context_set_threads": (_c.c_int, [_vp, _c.c_int]),
+    "flashopt_context_destroy": (_c.c_int, [_vp]),
+    "flashopt_optimizer_create": (_c.c_int, [_vp, _c.c_char_p, _c.POINTER(_vp)]),
+    "flashopt_optimizer_destroy": (_c.c_int, [_vp]),
+    "flashopt_optimizer_get_info": (_c.c_int, [_vp, _c.POINTER(OptimizerInfo)]),
+    "flashopt_hyper_name": (_c.c_int, [_vp, _c.c_int32, _c.POINTER(_c.c_char_p)]),
+    "flashopt_add_param_group": (_c.c_int, [_vp, _c.POINTER(_c.c_int32)]),
+    "flashopt_num_param_groups": (_c.c_int, [_vp, _c.POINTER(_c.c_int32)]),
+    "flashopt_set_hyper": (_c.c_int, [_vp, _c.c_int32, _c.c_char_p, _c.c_double]),
+    "flashopt_get_hyper": (_c.c_int, [_vp, _c.c_int32, _c.c_char_p, _c.POINTER(_c.c_double)]),
+    "flashopt_add_param": (_c.c_int, [_vp, _c.c_int32, _c.c_char_p, _vp, _c.c_int, _c.c_int64,
+                                      _vp, _c.c_int, _c.POINTER(_c.c_int64)]),
+    "flashopt_set_grad": (_c.c_int, [_vp, _c.c_int64, _vp, _c.c_int, _c.c_int64]),
+    "flashopt_set_grads": (_c.c_int, [_vp, _c.c_int64, _c.POINTER(_c.c_int64),
+                                      _c.POINTER(_vp), _c.c_int]),
+    "flashopt_num_params": (_c.c_int, [_vp, _c.POINTER(_c.c_int64)]),
+    "flashopt_step": (_c.c_int, [_vp]),
+    "flashopt_step_param": (_c.c_int, [_vp, _c.c_int64]),
+    "flashopt_get_step": (_c.c_int, [_vp, _c.c_int64, _c.POINTER(_c.c_int64)]),
+    "flashopt_set_nonfinite_policy": (_c.c_int, [_vp, _c.c_int]),
+    "flashopt_get_skipped_steps": (_c.c_int, [_vp, _c.POINTER(_c.c_int64)]),
+    "flashopt_synchronize": (_c.c_int, [_vp]),
+    "flashopt_memory_report_get": (_c.c_int, [_vp, _c.POINTER(MemoryReport)]),
+    "flashopt_export_master_f32": (_c.c_int, [_vp, _c.c_int64, _vp, _c.c_int64]),
+    "flashopt_import_master_f32": (_c.c_int, [_vp, _c.c_int64, _vp, _c.c_int64]),
+    "flashopt_check_numerics": (_c.c_int, [_vp, _c.POINTER(NumericsReport)]),
+    "flashopt_save_checkpoint": (_c.c_int, [_vp, _c.c_char_p, _c.c_int]),
+    "flashopt_load_checkpoint": (_c.c_int, [_vp, _c.c_char_p]),
+}
+
+
+def lib():
+    """The loaded library (ctypes.CDLL), with argument types set."""
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                path = library_path()
+                handle = ctypes.CDLL(path)
+                for name, (res, args) in _SIGS.items():
+                    fn = getattr(handle, name, None)
+                    if fn is None:
+                        raise ImportError(f"flashopt: {path} has no {name} (an older library?)")
+                    fn.restype = res
+                    fn.argtypes = args
+                abi = handle.flashopt_abi_version()
+                if abi != ABI_VERSION:
+                    raise ImportError(f"flashopt: {path} has ABI version {abi}, "
+                                      f"this binding needs {ABI_VERSION}")
+                _lib = handle
+    return _lib
+
+
+def check(status: int, what: str = ""):
+    """Raises FlashOptError for a failed call, with the library's message."""
+    if status != OK:
+        msg = lib().flashopt_last_error().decode("utf-8", "replace")
+        raise FlashOptError(status, msg or what)
+
+
+def call(name: str, *args):
+    check(getattr(lib(), name)(*args), name)
+
+
+def version() -> str:
+    return lib().flashopt_version().decode()
+
+
+_contexts: dict = {}
+
+
+def context(device_type: int, device_id: int):
+    """One flashopt context per device, for the life of the process."""
+    key = (device_type, device_id)
+    ctx = _contexts.get(key)
+    if ctx is None:
+        h = ctypes.c_void_p()
+        call("flashopt_context_create", device_type, device_id, ctypes.byref(h))
+        ctx = _contexts[key] = h
+    return ctx
+
+
+def set_cpu_threads(threads: int):
+    """Threads a CPU step uses (0 = every hardware thread)."""
+    call("flashopt_context_set_threads", context(DEVICE_CPU, 0), int(threads))

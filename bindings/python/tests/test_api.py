@@ -1,0 +1,251 @@
+"""torch.optim behaviour: param groups, add_param_group, zero_grad, closure, LR
+schedulers, one library call per step, and clear errors that change nothing."""
+
+import pytest
+import torch
+
+import flashopt
+from flashopt import _lib as L
+from helpers import grads_for, make_params, rel_inf
+
+
+def set_grads(params, step):
+    for p, g in zip(params, grads_for(step, params)):
+        p.grad = g.to(p.dtype)
+
+
+def test_is_a_torch_optimizer_with_torch_defaults():
+    p = [torch.zeros(8, requires_grad=True)]
+    o = flashopt.FlashAdamW(p)
+    assert isinstance(o, torch.optim.Optimizer)
+    ref = torch.optim.AdamW([torch.zeros(8, requires_grad=True)])
+    for k in ("lr", "betas", "eps", "weight_decay"):
+        assert o.param_groups[0][k] == ref.param_groups[0][k], k
+    ref = torch.optim.Adam([torch.zeros(8, requires_grad=True)])
+    a = flashopt.FlashAdam(p)
+    for k in ("lr", "betas", "eps", "weight_decay"):
+        assert a.param_groups[0][k] == ref.param_groups[0][k], k
+    ref = torch.optim.SGD([torch.zeros(8, requires_grad=True)])
+    s = flashopt.FlashSGD(p)
+    for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov"):
+        assert s.param_groups[0][k] == ref.param_groups[0][k], k
+    assert flashopt.FlashLion(p).param_groups[0]["betas"] == (0.9, 0.99)
+
+
+def test_param_groups_and_add_param_group_match_torch():
+    mine, theirs = make_params(5), make_params(5)
+    o = flashopt.FlashAdamW([{"params": mine[:2]}, {"params": mine[2:3], "lr": 1e-2,
+                                                    "weight_decay": 0.0}],
+                            lr=1e-3, quantize=False)
+    r = torch.optim.AdamW([{"params": theirs[:2]}, {"params": theirs[2:3], "lr": 1e-2,
+                                                     "weight_decay": 0.0}], lr=1e-3)
+    for s in range(10):
+        set_grads(mine[:3], s)
+        set_grads(theirs[:3], s)
+        o.step()
+        r.step()
+    o.add_param_group({"params": mine[3:], "betas": (0.5, 0.6)})
+    r.add_param_group({"params": theirs[3:], "betas": (0.5, 0.6)})
+    for s in range(10, 20):
+        set_grads(mine, s)
+        set_grads(theirs, s)
+        o.step()
+        r.step()
+    for a, b in zip(mine, theirs):
+        assert rel_inf(a, b) <= 1e-6
+
+
+def test_params_without_grad_are_skipped_like_torch():
+    mine, theirs = make_params(6), make_params(6)
+    o = flashopt.FlashAdam(mine, quantize=False)
+    r = torch.optim.Adam(theirs)
+    for s in range(6):
+        set_grads(mine, s)
+        set_grads(theirs, s)
+        if s % 2:  # the second parameter gets no gradient every other step
+            mine[1].grad = None
+            theirs[1].grad = None
+        o.step()
+        r.step()
+    for a, b in zip(mine, theirs):
+        assert rel_inf(a, b) <= 1e-6
+
+
+def test_zero_grad_and_closure():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    ref = torch.nn.Linear(8, 3)
+    ref.load_state_dict(model.state_dict())
+    x, y = torch.randn(16, 8), torch.randn(16, 3)
+    o = flashopt.FlashSGD(model.parameters(), lr=0.1, momentum=0.9, quantize=False)
+    r = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for set_to_none in (True, False, True):
+        for m, opt in ((model, o), (ref, r)):
+            def closure():
+                opt.zero_grad(set_to_none=set_to_none)
+                loss = torch.nn.functional.mse_loss(m(x), y)
+                loss.backward()
+                return loss
+            loss = opt.step(closure)
+            assert torch.is_tensor(loss)
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert rel_inf(a, b) <= 1e-6
+    o.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    o.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_lr_scheduler_drives_set_hyper():
+    mine, theirs = make_params(7), make_params(7)
+    o = flashopt.FlashAdamW(mine, lr=1e-2, quantize=False)
+    r = torch.optim.AdamW(theirs, lr=1e-2)
+    so = torch.optim.lr_scheduler.OneCycleLR(o, max_lr=3e-2, total_steps=40)
+    sr = torch.optim.lr_scheduler.OneCycleLR(r, max_lr=3e-2, total_steps=40)
+    b = o._bundle_list()[0]
+    for s in range(40):
+        set_grads(mine, s)
+        set_grads(theirs, s)
+        o.step()
+        r.step()
+        got = L.ctypes.c_double()
+        L.call("flashopt_get_hyper", b.handle, 0, b"lr", L.ctypes.byref(got))
+        assert got.value == pytest.approx(o.param_groups[0]["lr"], rel=1e-6)
+        so.step()
+        sr.step()
+    for a, c in zip(mine, theirs):
+        assert rel_inf(a, c) <= 1e-6
+    # A constant lr gives other weights.
+    other = make_params(7)
+    oc = flashopt.FlashAdamW(other, lr=1e-2, quantize=False)
+    for s in range(40):
+        set_grads(other, s)
+        oc.step()
+    assert any(rel_inf(a, c) > 1e-3 for a, c in zip(mine, other))
+
+
+def test_one_library_step_call_per_step(monkeypatch):
+    params = [torch.randn(5, requires_grad=True) for _ in range(50)]
+    o = flashopt.FlashSGD(params, lr=0.1, momentum=0.9)
+    calls = {}
+    real = L.lib()
+
+    class Counting:
+        def __getattr__(self, name):
+            fn = getattr(real, name)
+
+            def wrapped(*a):
+                calls[name] = calls.get(name, 0) + 1
+                return fn(*a)
+            return wrapped
+    for b in o._bundle_list():
+        monkeypatch.setattr(b, "_lib", Counting())
+    for s in range(3):
+        set_grads(params, s)
+        o.step()
+    assert calls.get("flashopt_step") == 3
+    assert calls.get("flashopt_set_grads", 0) <= 3
+    assert "flashopt_step_param" not in calls and "flashopt_set_grad" not in calls
+    # Unchanged hyper-parameters are not passed again.
+    assert calls.get("flashopt_set_hyper", 0) == 0
+
+
+def snapshot(params):
+    return [p.detach().clone() for p in params]
+
+
+def test_unsupported_dtype_is_refused_and_changes_nothing():
+    with pytest.raises(TypeError, match="torch.float64"):
+        flashopt.FlashAdamW([torch.zeros(4, dtype=torch.float64, requires_grad=True)])
+    ps = make_params(8)
+    o = flashopt.FlashAdamW(ps)
+    with pytest.raises(TypeError, match="torch.int32|float64"):
+        o.add_param_group({"params": [torch.zeros(4, requires_grad=True),
+                                      torch.zeros(4, dtype=torch.float64)]})
+    assert len(o.param_groups) == 1
+    assert sum(b.info.num_hypers > 0 and len(b.params) for b in o._bundle_list()) == len(ps)
+
+
+def test_sparse_grad_is_refused_and_changes_nothing():
+    ps = make_params(9)
+    o = flashopt.FlashAdamW(ps)
+    set_grads(ps, 0)
+    o.step()
+    before = snapshot(ps)
+    set_grads(ps, 1)
+    ps[2].grad = ps[2].grad.to_sparse()
+    with pytest.raises(RuntimeError, match="sparse"):
+        o.step()
+    for a, b in zip(ps, before):
+        assert torch.equal(a.detach(), b)
+    assert all(b.get_step(i) == 1 for b in o._bundle_list() for i in range(len(b.params)))
+
+
+def test_missing_bundle_is_a_clear_error():
+    p = [torch.zeros(8, dtype=torch.bfloat16, requires_grad=True)]
+    with pytest.raises(flashopt.MissingBundleError, match="adam_bf16_m32_f32states"):
+        flashopt.FlashAdam(p, master_weight_bits=32, quantize=False)
+    with pytest.raises(flashopt.MissingBundleError, match="lion_f16_f32states"):
+        flashopt.FlashLion([torch.zeros(8, dtype=torch.float16)], master_weight_bits=None,
+                           quantize=False)
+    # In a later group: nothing added.
+    o = flashopt.FlashAdamW([torch.zeros(8, requires_grad=True)], quantize=False)
+    with pytest.raises(flashopt.MissingBundleError, match="adamw_bf16_m24_f32states|adamw_f16"):
+        o.add_param_group({"params": [torch.zeros(8, dtype=torch.float16)]})
+    assert len(o.param_groups) == 1 and o.specs() == ["adamw_f32_f32states"]
+
+
+def test_bad_arguments():
+    p = [torch.zeros(8, requires_grad=True)]
+    with pytest.raises(ValueError):
+        flashopt.FlashAdamW(p, lr=-1.0)
+    with pytest.raises(ValueError):
+        flashopt.FlashAdamW(p, betas=(1.5, 0.9))
+    with pytest.raises(ValueError):
+        flashopt.FlashAdamW(p, master_weight_bits=16)
+    with pytest.raises(NotImplementedError):
+        flashopt.FlashAdam(p, amsgrad=True)
+    with pytest.raises(ValueError):
+        flashopt.FlashSGD(p, nesterov=True)
+    with pytest.raises(ValueError, match="contiguous"):
+        flashopt.FlashSGD([torch.zeros(4, 6).t()])
+    base = torch.zeros(64, requires_grad=True)
+    with pytest.raises(ValueError):
+        flashopt.FlashSGD([base, base[:16]])
+
+
+def test_dtensor_is_refused():
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    from torch.distributed.tensor import DTensor, Replicate, init_device_mesh
+    import os
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        t = DTensor.from_local(torch.zeros(8), mesh, [Replicate()])
+        with pytest.raises(TypeError, match="DTensor"):
+            flashopt.FlashAdamW([torch.nn.Parameter(t)])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_shared_and_duplicate_parameters_like_torch():
+    a, b = torch.zeros(32, requires_grad=True), torch.zeros(32, requires_grad=True)
+    o = flashopt.FlashSGD([a])
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        o.add_param_group({"params": [a, b]})
+    assert len(o.param_groups) == 1
+    with pytest.warns(UserWarning, match="duplicate"):
+        d = flashopt.FlashSGD([b, b], lr=0.5, quantize=False)
+    b.grad = torch.ones(32)
+    d.step()
+    assert torch.equal(b.detach(), torch.full((32,), -0.5))  # stepped once
+    many = [torch.zeros(16, requires_grad=True) for _ in range(3000)]
+    assert len(flashopt.FlashSGD(many)._bundle_list()[0].params) == 3000

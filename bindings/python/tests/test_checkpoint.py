@@ -1,0 +1,166 @@
+"""state_dict()/load_state_dict() and safetensors checkpoints: exact round
+trip and exact resume."""
+
+import copy
+import os
+
+import pytest
+import torch
+
+import flashopt
+from helpers import grads_for, make_params, rel_inf
+
+
+def set_grads(params, step):
+    for p, g in zip(params, grads_for(step, params)):
+        p.grad = g.to(p.dtype)
+
+
+def train(opt, params, steps, start=0):
+    for s in range(start, start + steps):
+        set_grads(params, s)
+        opt.step()
+
+
+def clone_params(ps):
+    return [p.detach().clone().requires_grad_() for p in ps]
+
+
+SETUPS = [
+    ("adamw-bf16-m24", flashopt.FlashAdamW, torch.bfloat16, dict(lr=1e-2)),
+    ("sgd-f32", flashopt.FlashSGD, torch.float32, dict(lr=1e-2, momentum=0.9)),
+    ("lion-bf16-m32", flashopt.FlashLion, torch.bfloat16, dict(lr=1e-3, master_weight_bits=32)),
+    ("adam-f32-unquantized", flashopt.FlashAdam, torch.float32, dict(quantize=False)),
+]
+
+
+@pytest.mark.parametrize("name,cls,dtype,kw", SETUPS, ids=[s[0] for s in SETUPS])
+def test_state_dict_round_trip_and_exact_resume(name, cls, dtype, kw):
+    ps = make_params(11, dtype)
+    opt = cls([{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.05}], **kw)
+    train(opt, ps, 5)
+    sd = opt.state_dict()
+    saved_params = clone_params(ps)
+    # torch's layout: integer ids, per-parameter fp32 states with a step.
+    assert sorted(sd["state"]) == list(range(len(ps)))
+    assert sd["param_groups"][1]["params"] == list(range(2, len(ps)))
+    for i, p in enumerate(ps):
+        st = sd["state"][i]
+        assert float(st["step"]) == 5
+        for k, v in st.items():
+            if k != "step":
+                assert v.dtype == torch.float32 and v.shape == p.shape
+    # The exact part: codes and scales in their own dtypes.
+    (spec,) = sd["flashopt"]["bundles"]
+    tensors = sd["flashopt"]["bundles"][spec]["tensors"]
+    if opt.quantize:
+        assert any(t.dtype in (torch.int8, torch.uint8) for t in tensors.values())
+        assert any(k.endswith(".scales") for k in tensors)
+    # Continue the original 5 steps ...
+    train(opt, ps, 5, start=5)
+    # ... and a fresh optimizer loaded from the state dict (through a torch.save file).
+    ps2 = saved_params
+    opt2 = cls([{"params": ps2[:2]}, {"params": ps2[2:]}], **kw)
+    buf = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"flashopt-sd-{os.getpid()}.pt")
+    torch.save(sd, buf)
+    opt2.load_state_dict(torch.load(buf, weights_only=False))
+    os.unlink(buf)
+    assert opt2.param_groups[1]["weight_decay"] == 0.05
+    sd2 = opt2.state_dict()
+    for k, v in tensors.items():
+        assert torch.equal(sd2["flashopt"]["bundles"][spec]["tensors"][k], v), k
+    train(opt2, ps2, 5, start=5)
+    for a, b in zip(ps, ps2):
+        assert torch.equal(a.detach(), b.detach()), name
+
+
+def test_safetensors_checkpoint_exact_resume(tmp_path):
+    ps = make_params(12, torch.bfloat16)
+    opt = flashopt.FlashAdamW(ps, lr=1e-2)
+    train(opt, ps, 4)
+    path = tmp_path / "opt.safetensors"
+    opt.save_checkpoint(path)
+    ps2 = clone_params(ps)
+    train(opt, ps, 4, start=4)
+    opt2 = flashopt.FlashAdamW(ps2, lr=0.5)  # hyper-parameters come from the file
+    opt2.load_checkpoint(path)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(1e-2)
+    train(opt2, ps2, 4, start=4)
+    for a, b in zip(ps, ps2):
+        assert torch.equal(a.detach(), b.detach())
+    # 5.125 B/param compressed (params 2 + correction 1 + states 2 + scales 0.125) plus header.
+    n = sum(p.numel() for p in ps)
+    size = path.stat().st_size
+    assert 5 * n <= size <= 5.2 * n + 4096
+    # Python's safetensors reads it.
+    from safetensors.torch import load_file
+    t = load_file(str(path))
+    assert t["p0.exp_avg.codes"].dtype == torch.int8
+    assert t["p0"].dtype == torch.bfloat16
+
+
+def test_fp32_checkpoint_and_mixed_dtypes(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16),
+                                torch.nn.Linear(16, 4))
+    flashopt.cast_model(model)
+    opt = flashopt.FlashAdamW(model.parameters(), lr=1e-2)
+    assert sorted(opt.specs()) == ["adamw_bf16_m24", "adamw_f32"]
+    x = torch.randn(32, 8, dtype=torch.bfloat16)
+
+    def step():
+        opt.zero_grad()
+        model(x).float().pow(2).mean().backward()
+        opt.step()
+    for _ in range(3):
+        step()
+    path = tmp_path / "mixed.safetensors"
+    opt.save_checkpoint(path, compressed=False)
+    assert all(os.path.isfile(p) for p in opt.checkpoint_paths(path))
+    snap = copy.deepcopy(model.state_dict())
+    step()
+    opt.load_checkpoint(path)
+    # The fp32 form restores the master weights: fp32 parameters exactly, bf16
+    # ones as the rounding of the master (within one bf16 ulp of the saved
+    # parameter; the compressed form is the exact one).
+    for k, v in model.state_dict().items():
+        if v.dtype == torch.float32:
+            assert torch.equal(v, snap[k]), k
+        else:
+            ref = snap[k].float()
+            assert ((v.float() - ref).abs() <= ref.abs() * 2.0 ** -7).all(), k
+
+
+def test_load_torch_adamw_state_dict():
+    """A torch.optim.AdamW state dict (fp32 exp_avg / exp_avg_sq) loads into
+    FlashAdamW with unquantized states and continues like torch."""
+    mine, theirs = make_params(13), make_params(13)
+    ref = torch.optim.AdamW(theirs, lr=1e-3)
+    train(ref, theirs, 5)
+    for a, b in zip(mine, theirs):
+        a.data.copy_(b.data)
+    opt = flashopt.FlashAdamW(mine, lr=1e-3, quantize=False)
+    opt.load_state_dict(ref.state_dict())
+    assert float(opt.state_dict()["state"][0]["step"]) == 5
+    train(ref, theirs, 5, start=5)
+    train(opt, mine, 5, start=5)
+    for a, b in zip(mine, theirs):
+        assert rel_inf(a, b) <= 1e-6
+
+
+def test_load_state_dict_errors_change_nothing():
+    ps = make_params(14)
+    opt = flashopt.FlashAdamW(ps)
+    train(opt, ps, 2)
+    good = opt.state_dict()
+    other = flashopt.FlashSGD(make_params(14), momentum=0.9).state_dict()
+    with pytest.raises(ValueError, match="adamw_f32"):
+        opt.load_state_dict(other)
+    bad = copy.deepcopy(good)
+    (spec,) = bad["flashopt"]["bundles"]
+    t = bad["flashopt"]["bundles"][spec]["tensors"]
+    t["p0.exp_avg.codes"] = t["p0.exp_avg.codes"][:-1]
+    with pytest.raises(flashopt.FlashOptError):
+        opt.load_state_dict(bad)
+    sd = opt.state_dict()
+    for k, v in good["flashopt"]["bundles"][spec]["tensors"].items():
+        assert torch.equal(sd["flashopt"]["bundles"][spec]["tensors"][k], v)
