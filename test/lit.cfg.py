@@ -10,7 +10,11 @@ config.suffixes = [".mlir", ".test"]
 config.excludes = ["Inputs", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py",
                    "README.md"]
 config.test_source_root = os.path.dirname(__file__)
-config.test_exec_root = os.path.join(config.flashopt_obj_root, "test")
+# ctest runs one lit process per test file, in parallel: each gets its own
+# exec root (FLASHOPT_LIT_EXEC_ROOT), so their outputs and lit's
+# .lit_test_times.txt (read at start, rewritten at exit) never race.
+config.test_exec_root = os.environ.get(
+    "FLASHOPT_LIT_EXEC_ROOT", os.path.join(config.flashopt_obj_root, "test"))
 config.environment["FILECHECK_OPTS"] = "--enable-var-scope --dump-input=fail"
 
 llvm_config.use_default_substitutions()
