@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/host/CudaBundle.h"
+#include "flashopt/abi/Files.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -152,16 +153,12 @@ std::string joinPath(const std::string &dir, const std::string &file) {
 }
 
 Expected<std::string> readFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    int err = errno;
-    return Status::error(path + ": cannot open (" + std::strerror(err) + ")");
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad())
-    return Status::error(path + ": read error");
-  return ss.str();
+  // PTX and cubins are a few MiB; 1 GiB bounds a mistaken or endless file.
+  std::string text, reason;
+  if (abi::read_regular_file(path, uint64_t(1) << 30, text, reason) !=
+      abi::FileError::None)
+    return Status::error(path + ": " + reason);
+  return text;
 }
 
 std::string trimLog(const char *log) {
