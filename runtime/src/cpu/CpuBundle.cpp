@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <dlfcn.h>
 #include <exception>
 #include <filesystem>
@@ -175,6 +176,28 @@ Expected<std::shared_ptr<Bundle>> Bundle::load(const std::string &dir,
                            " has no symbol " + quote(k.symbol) +
                            (e ? std::string(" (") + e + ")" : std::string()));
     }
+    // The kernel's own description of what it reads (flashopt-gen emits it
+    // next to the kernel): a manifest that disagrees with it (fewer
+    // hyper-parameters, other buffers) would make the kernel read out of
+    // bounds, so it is refused here, before anything runs.
+    std::string abiSymbol = k.symbol + abi::kKernelAbiSymbolSuffix;
+    const char *desc =
+        static_cast<const char *>(dlsym(b->handle_, abiSymbol.c_str()));
+    if (!opts.check_kernel_abi) {
+      b->fn_ = reinterpret_cast<KernelFn>(sym);
+      return Expected<std::shared_ptr<Bundle>>(std::move(b));
+    }
+    if (!desc)
+      return Status::error(mpath + ": kernel " + quote(k.file) +
+                           " has no ABI description (symbol " +
+                           quote(abiSymbol) +
+                           "); rebuild the bundle with this flashopt-gen");
+    std::string expected = abi::kernel_abi_description(b->manifest_);
+    if (expected != std::string(desc, strnlen(desc, 65536)))
+      return Status::error(mpath + ": the manifest disagrees with kernel " +
+                           quote(k.file) + ": the kernel was compiled for \"" +
+                           std::string(desc, strnlen(desc, 65536)) +
+                           "\" but the manifest describes \"" + expected + "\"");
     b->fn_ = reinterpret_cast<KernelFn>(sym);
     return Expected<std::shared_ptr<Bundle>>(std::move(b));
   } catch (const std::exception &e) {

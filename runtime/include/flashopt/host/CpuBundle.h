@@ -39,6 +39,11 @@ struct LoadOptions {
   std::string cpu;
   /// When `cpu` is empty, honour the FLASHOPT_CPU environment variable.
   bool use_env = true;
+  /// Compare the kernel's ABI description (the `<symbol>__abi` data symbol
+  /// flashopt-gen emits) with the manifest and refuse a mismatch. Only tests
+  /// that lay other manifests over a stand-in kernel (to test layouts, never
+  /// stepping) turn this off; the C ABI always checks.
+  bool check_kernel_abi = true;
 };
 
 /// A loaded bundle: its manifest and one dlopen'ed CPU kernel. Shared by the
