@@ -291,6 +291,33 @@ TEST_CASE("robustness: a manifest that disagrees with its kernel is refused") {
   flashopt_context_destroy(ctx);
 }
 
+TEST_CASE("robustness: a CUDA optimizer checks the manifest against the "
+          "bundle's CPU kernel") {
+  // Over the stand-in driver of unittests/Runtime (no GPU needed).
+  setenv("FLASHOPT_CUDA_DRIVER", FLASHOPT_MOCK_CUDA, 1);
+  setenv("FLASHOPT_MOCK_CUDA_CC", "9.0", 1);
+  std::string kernels = binDir() + "/kernels";
+  setenv("FLASHOPT_MOCK_CUDA_KERNELS", kernels.c_str(), 1);
+  flashopt_context gctx = nullptr;
+  REQUIRE_MESSAGE(flashopt_context_create(FLASHOPT_DEVICE_CUDA, 0, &gctx) ==
+                      FLASHOPT_OK,
+                  err());
+  flashopt_optimizer opt = nullptr;
+  REQUIRE_MESSAGE(flashopt_optimizer_create(gctx, bundle("adamw_bf16_m24").c_str(),
+                                            &opt) == FLASHOPT_OK,
+                  err());
+  flashopt_optimizer_destroy(opt);
+  opt = nullptr;
+  std::string dir = copyBundle("adamw_bf16_m24", "cuda-nohypers");
+  replaceHypers(dir + "/manifest.json", "[]");
+  CHECK(flashopt_optimizer_create(gctx, dir.c_str(), &opt) ==
+        FLASHOPT_ERROR_FORMAT);
+  CHECK(opt == nullptr);
+  CHECK(has(err(), "disagrees with kernel"));
+  flashopt_context_destroy(gctx);
+  unsetenv("FLASHOPT_CUDA_DRIVER");
+}
+
 //===----------------------------------------------------------------------===//
 // Files that are not regular files
 //===----------------------------------------------------------------------===//

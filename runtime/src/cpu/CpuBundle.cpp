@@ -75,6 +75,42 @@ namespace {
 std::string quote(const std::string &s) { return "\"" + s + "\""; }
 } // namespace
 
+Status check_kernel_abi(const Manifest &m, void *handle, const KernelEntry &k,
+                        const std::string &mpath) {
+  std::string abiSymbol = k.symbol + abi::kKernelAbiSymbolSuffix;
+  const char *desc = static_cast<const char *>(dlsym(handle, abiSymbol.c_str()));
+  if (!desc)
+    return Status::error(mpath + ": kernel " + quote(k.file) +
+                         " has no ABI description (symbol " + quote(abiSymbol) +
+                         "); rebuild the bundle with this flashopt-gen");
+  std::string have(desc, strnlen(desc, 65536));
+  std::string expected = abi::kernel_abi_description(m);
+  if (expected != have)
+    return Status::error(mpath + ": the manifest disagrees with kernel " +
+                         quote(k.file) + ": the kernel was compiled for \"" +
+                         have + "\" but the manifest describes \"" + expected +
+                         "\"");
+  return Status::success();
+}
+
+Status check_bundle_kernel_abi(const Manifest &m, const std::string &dir) {
+  const std::string mpath = dir + "/manifest.json";
+  for (const KernelEntry &k : m.kernels) {
+    if (k.target != "cpu")
+      continue;
+    std::string path = (!k.file.empty() && k.file[0] == '/') ? k.file
+                                                             : dir + "/" + k.file;
+    // Lazy binding, local symbols: nothing of the kernel runs.
+    void *h = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL);
+    if (!h)
+      continue; // a missing artifact: try the next flavour
+    Status s = check_kernel_abi(m, h, k, mpath);
+    dlclose(h);
+    return s;
+  }
+  return Status::success(); // no CPU kernel file to compare with
+}
+
 Bundle::~Bundle() {
   if (handle_)
     dlclose(handle_);
@@ -180,24 +216,9 @@ Expected<std::shared_ptr<Bundle>> Bundle::load(const std::string &dir,
     // next to the kernel): a manifest that disagrees with it (fewer
     // hyper-parameters, other buffers) would make the kernel read out of
     // bounds, so it is refused here, before anything runs.
-    std::string abiSymbol = k.symbol + abi::kKernelAbiSymbolSuffix;
-    const char *desc =
-        static_cast<const char *>(dlsym(b->handle_, abiSymbol.c_str()));
-    if (!opts.check_kernel_abi) {
-      b->fn_ = reinterpret_cast<KernelFn>(sym);
-      return Expected<std::shared_ptr<Bundle>>(std::move(b));
-    }
-    if (!desc)
-      return Status::error(mpath + ": kernel " + quote(k.file) +
-                           " has no ABI description (symbol " +
-                           quote(abiSymbol) +
-                           "); rebuild the bundle with this flashopt-gen");
-    std::string expected = abi::kernel_abi_description(b->manifest_);
-    if (expected != std::string(desc, strnlen(desc, 65536)))
-      return Status::error(mpath + ": the manifest disagrees with kernel " +
-                           quote(k.file) + ": the kernel was compiled for \"" +
-                           std::string(desc, strnlen(desc, 65536)) +
-                           "\" but the manifest describes \"" + expected + "\"");
+    if (opts.check_kernel_abi)
+      if (Status s = check_kernel_abi(b->manifest_, b->handle_, k, mpath); !s)
+        return s;
     b->fn_ = reinterpret_cast<KernelFn>(sym);
     return Expected<std::shared_ptr<Bundle>>(std::move(b));
   } catch (const std::exception &e) {

@@ -11,6 +11,7 @@
 
 #include "flashopt/host/CudaBundle.h"
 #include "flashopt/abi/Files.h"
+#include "flashopt/host/CpuBundle.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -179,6 +180,11 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
     Expected<Manifest> m = load_manifest(dir + "/manifest.json");
     if (!m)
       return m.status();
+    // The PTX carries no ABI description; the bundle's CPU kernel does, and
+    // was compiled from the same kernel IR: a manifest that disagrees with
+    // it is refused before any launch.
+    if (Status s = check_bundle_kernel_abi(*m, dir); !s)
+      return s;
     const CudaDeviceInfo &info = ctx->info();
     Expected<GpuKernelChoice> choice = select_gpu_kernel(
         *m, info.cc_major, info.cc_minor,
