@@ -807,3 +807,29 @@ TEST_CASE("robustness: SKIP leaves everything bit-identical on a NaN or Inf "
     }
   }
 }
+
+TEST_CASE("robustness: a state allocation that fails is OUT_OF_MEMORY with "
+          "nothing half-registered") {
+  Opt o(64, 1);
+  auto before = o.snapshot();
+  // 2^55 elements: its i8 codes alone exceed any address space, so the
+  // state allocation fails (a limit, not an injected fault). The param
+  // memory is never touched at registration: an address above every
+  // registered buffer, so that its 2^56-byte range overlaps none of them.
+  void *high = reinterpret_cast<void *>(uintptr_t(0x7e0000000000));
+  int64_t idx = -1, count = 0;
+  CHECK(flashopt_add_param(o.opt, 0, "huge", high, FLASHOPT_BF16,
+                           int64_t(1) << 55, nullptr, FLASHOPT_BF16, &idx) ==
+        FLASHOPT_ERROR_OUT_OF_MEMORY);
+  CHECK(has(err(), "huge"));
+  REQUIRE(flashopt_num_params(o.opt, &count) == FLASHOPT_OK);
+  CHECK(count == 1);
+  int64_t found = -1;
+  CHECK(flashopt_find_param(o.opt, "huge", &found) == FLASHOPT_ERROR_NOT_FOUND);
+  CHECK(o.snapshot() == before);
+  // The optimizer keeps working, and the name is free again.
+  Mem p2(128), g2(128);
+  CHECK(flashopt_add_param(o.opt, 0, "huge", p2.p, FLASHOPT_BF16, 64, g2.p,
+                           FLASHOPT_BF16, &idx) == FLASHOPT_OK);
+  CHECK(flashopt_step(o.opt) == FLASHOPT_OK);
+}
