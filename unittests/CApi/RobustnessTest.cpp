@@ -833,3 +833,36 @@ TEST_CASE("robustness: a state allocation that fails is OUT_OF_MEMORY with "
                            FLASHOPT_BF16, &idx) == FLASHOPT_OK);
   CHECK(flashopt_step(o.opt) == FLASHOPT_OK);
 }
+
+TEST_CASE("robustness: the C ABI works from static destructors at exit") {
+  // Found by the checkpoint fuzzer (ASan: heap-use-after-free): the
+  // thread-local last-error string of the main thread is destroyed before
+  // the destructors of static objects run, and an optimizer destroyed there
+  // wrote into it. Under the asan preset the old code aborts the child.
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    struct AtExit {
+      flashopt_context ctx = nullptr;
+      ~AtExit() {
+        bool ok = flashopt_context_destroy(ctx) == FLASHOPT_OK;
+        // An invalid handle: an error, with its message.
+        int bad = 0;
+        ok = ok && flashopt_context_destroy(reinterpret_cast<flashopt_context>(&bad)) ==
+                       FLASHOPT_ERROR_INVALID_HANDLE;
+        ok = ok && std::strstr(flashopt_last_error(), "flashopt_context_destroy");
+        if (!ok)
+          _exit(3);
+      }
+    };
+    static AtExit late;
+    if (flashopt_context_create(FLASHOPT_DEVICE_CPU, 0, &late.ctx) != FLASHOPT_OK)
+      _exit(2);
+    (void)flashopt_last_error(); // the thread-local message exists
+    std::exit(0);                // TLS destructors, then `late`
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
