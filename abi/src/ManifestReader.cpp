@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/abi/Manifest.h"
+#include "flashopt/abi/Files.h"
 
 #include <nlohmann/json.hpp>
 
@@ -427,16 +428,15 @@ Expected<Manifest> parse_manifest(std::string_view text,
 
 Expected<Manifest> load_manifest(const std::string &path) {
   try {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      int err = errno;
-      return Status::error(path + ": cannot open (" + std::strerror(err) + ")");
-    }
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad())
-      return Status::error(path + ": read error");
-    return parse_manifest(ss.str(), path);
+    std::string text, reason;
+    FileError e = read_regular_file(path, kMaxManifestBytes, text, reason);
+    if (e != FileError::None)
+      return Status::error(path + ": " +
+                           (e == FileError::NotFound
+                                ? std::string("cannot open (No such file or "
+                                              "directory)")
+                                : reason));
+    return parse_manifest(text, path);
   } catch (const std::exception &e) {
     return Status::error(path + ": " + e.what());
   }

@@ -107,4 +107,20 @@ std::string write_manifest(const Manifest &m) {
   return j.dump(2) + "\n";
 }
 
+std::string kernel_abi_description(const Manifest &m) {
+  std::string s = "flashopt-kernel-abi 1; group_size " +
+                  std::to_string(m.group_size) + "; hypers ";
+  for (size_t i = 0; i < m.hypers.size(); ++i)
+    s += (i ? "," : "") + m.hypers[i].name;
+  s += "; buffers ";
+  for (size_t i = 0; i < m.buffers.size(); ++i) {
+    const BufferSpec &b = m.buffers[i];
+    s += std::string(i ? "," : "") + b.name + ":" + dtype_name(b.dtype) + ":" +
+         (b.per == Per::Group ? "group" : "element") + ":" +
+         (b.writable ? "readwrite" : "read");
+  }
+  s += "; record_words " + std::to_string(m.record_words);
+  return s;
+}
+
 } // namespace flashopt::abi

@@ -17,6 +17,8 @@
 #include "flashopt/Dialect/FlashOpt/Transforms/Passes.h"
 #include "flashopt/Spec/Spec.h"
 #include "flashopt/Spec/SpecToDialect.h"
+#include "flashopt/Spec/InputLimits.h"
+#include "flashopt/abi/Files.h"
 #include "flashopt/Target/PTX.h"
 
 #include "mlir/IR/MLIRContext.h"
@@ -28,6 +30,7 @@
 #include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
 
@@ -78,18 +81,30 @@ bool cpuHasFMA(const target::HostCPU &cpu) {
   return llvm::is_contained(cpu.requires_, "fma");
 }
 
+/// The largest dialect file flashopt-gen reads (rule files are a few KiB).
+constexpr uint64_t kMaxDialectInputBytes = uint64_t(64) << 20;
+
 /// Loads an optimizer dialect file (each flashopt.optimizer becomes a job).
 llvm::Expected<std::vector<CompileJob>>
 loadDialectInput(MLIRContext &ctx, llvm::StringRef path,
                  llvm::raw_ostream &diagnostics) {
-  std::string error;
-  auto file = openInputFile(path, &error);
-  if (!file)
-    return makeError(error);
+  // A regular file of bounded size (a FIFO or /dev/zero is refused).
+  std::string text, reason;
+  if (abi::read_regular_file(path.str(), kMaxDialectInputBytes, text, reason) !=
+      abi::FileError::None)
+    return makeError(path + ": cannot read: " + reason);
+  auto file = llvm::MemoryBuffer::getMemBufferCopy(text, path);
   uint64_t hash = spec::fnv1a64(file->getBuffer());
   llvm::SourceMgr sourceMgr;
   sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
   SourceMgrDiagnosticHandler handler(sourceMgr, &ctx, diagnostics);
+  if (std::optional<spec::NestingViolation> deep =
+          spec::findExcessiveNesting(text)) {
+    emitError(FileLineColLoc::get(&ctx, path, unsigned(deep->line),
+                                  unsigned(deep->column)))
+        << deep->message;
+    return llvm::make_error<ReportedError>();
+  }
   OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
   if (!module)
     return llvm::make_error<ReportedError>();
@@ -346,16 +361,29 @@ driver::buildBundle(const CompileJob &job,
       auto obj = target::emitHostObject(**cpuModule, cpu);
       if (!obj)
         return obj.takeError();
+      // The kernel's ABI description, a data symbol next to the kernel (its
+      // own object: the kernel's code is untouched), which the runtime
+      // checks against the manifest it is given.
+      auto abiObj = target::emitDataObject(
+          cpu, name + abi::kKernelAbiSymbolSuffix,
+          abi::kernel_abi_description(info));
+      if (!abiObj)
+        return abiObj.takeError();
       std::string base = name + "." + cpu.name;
-      llvm::SmallString<256> objPath(tmpDir), soPath(tmpDir);
+      llvm::SmallString<256> objPath(tmpDir), abiPath(tmpDir), soPath(tmpDir);
       llvm::sys::path::append(objPath, base + ".o");
+      llvm::sys::path::append(abiPath, base + ".abi.o");
       llvm::sys::path::append(soPath, base + ".so");
       if (auto err = writeFile(objPath.str().str(), *obj))
         return std::move(err);
-      if (auto err =
-              target::linkSharedObject(objPath.str().str(), soPath.str().str()))
+      if (auto err = writeFile(abiPath.str().str(), *abiObj))
+        return std::move(err);
+      if (auto err = target::linkSharedObject(objPath.str().str(),
+                                              soPath.str().str(),
+                                              {abiPath.str().str()}))
         return std::move(err);
       llvm::sys::fs::remove(objPath);
+      llvm::sys::fs::remove(abiPath);
       abi::KernelEntry k;
       k.target = "cpu";
       k.cpu = cpu.name;

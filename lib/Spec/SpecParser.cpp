@@ -18,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/Spec/Spec.h"
+#include "flashopt/abi/Files.h"
 #include "flashopt/Spec/JsonPositions.h"
 
 #include <fmt/format.h>
@@ -69,50 +70,18 @@ const std::vector<std::string> kStorages = {"i8",   "ui8", "f32",
 const std::vector<std::string> kCompanders = {"none", "softsign", "sqrt"};
 const std::vector<std::string> kScales = {"f16", "bf16", "f32"};
 
-/// Reads a whole file; on failure returns nullopt and sets `error`.
+/// Reads a whole regular file (a FIFO, device or endless file is refused
+/// before anything is read, abi/Files.h); on failure returns nullopt and sets
+/// `error`.
 std::optional<std::string> readFile(const fs::path &path, std::size_t maxBytes,
                                     std::string &error) {
-  std::error_code ec;
-  fs::file_status st = fs::status(path, ec);
-  if (!fs::exists(st)) {
-    error = "no such file";
-    return std::nullopt;
-  }
-  if (fs::is_directory(st)) {
-    error = "is a directory";
-    return std::nullopt;
-  }
-  errno = 0;
-  std::FILE *f = std::fopen(path.c_str(), "rb");
-  if (!f) {
-    error = std::strerror(errno);
-    return std::nullopt;
-  }
   std::string data;
-  char buf[65536];
-  bool tooLarge = false;
-  while (true) {
-    std::size_t n = std::fread(buf, 1, sizeof(buf), f);
-    if (n == 0)
-      break;
-    if (data.size() + n > maxBytes) {
-      tooLarge = true;
-      break;
-    }
-    data.append(buf, n);
-  }
-  bool failed = std::ferror(f) != 0;
-  int err = errno;
-  std::fclose(f);
-  if (tooLarge) {
+  abi::FileError e = abi::read_regular_file(path.string(), maxBytes, data, error);
+  if (e == abi::FileError::None)
+    return data;
+  if (e == abi::FileError::TooLarge)
     error = fmt::format("larger than {} MiB", maxBytes >> 20);
-    return std::nullopt;
-  }
-  if (failed) {
-    error = err ? std::strerror(err) : "read error";
-    return std::nullopt;
-  }
-  return data;
+  return std::nullopt;
 }
 
 /// Quotes `s` as a JSON string, shortened to about 60 bytes.

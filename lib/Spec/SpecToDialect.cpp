@@ -15,6 +15,7 @@
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
 #include "flashopt/Rules/BuiltinRules.h"
 #include "flashopt/Spec/Spec.h"
+#include "flashopt/Spec/InputLimits.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Verifier.h"
@@ -258,6 +259,17 @@ spec::loadSpecAsOptimizer(MLIRContext &ctx, const std::string &path,
   sourceMgr.AddNewSourceBuffer(
       llvm::MemoryBuffer::getMemBufferCopy(ruleText, bufferName), llvm::SMLoc());
   SourceMgrDiagnosticHandler handler(sourceMgr, &ctx, errs);
+  // The parser recurses per bracket without a bound: refuse deep nesting
+  // first (InputLimits.h), at its line and column in the rule file.
+  if (std::optional<spec::NestingViolation> deep =
+          spec::findExcessiveNesting(ruleText)) {
+    emitError(FileLineColLoc::get(&ctx, bufferName, unsigned(deep->line),
+                                  unsigned(deep->column)))
+        << deep->message;
+    rep.error(s.rule.builtin ? s.rule.loc : s.rule.fileLoc,
+              "rule \"" + ruleName(s) + "\" does not parse or verify (see above)");
+    return std::nullopt;
+  }
   OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &ctx);
   if (!module) {
     rep.error(s.rule.builtin ? s.rule.loc : s.rule.fileLoc,

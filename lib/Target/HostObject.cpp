@@ -12,6 +12,8 @@
 #include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Export.h"
 
+#include "llvm/IR/Constants.h"
+#include "llvm/IR/GlobalVariable.h"
 #include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Module.h"
 #include "llvm/MC/MCSubtargetInfo.h"
@@ -170,8 +172,35 @@ flashopt::target::emitHostObject(mlir::ModuleOp module, const HostCPU &cpu) {
   return std::string(buffer.begin(), buffer.end());
 }
 
-llvm::Error flashopt::target::linkSharedObject(const std::string &objectPath,
-                                               const std::string &sharedPath) {
+llvm::Expected<std::string>
+flashopt::target::emitDataObject(const HostCPU &cpu, llvm::StringRef symbol,
+                                 llvm::StringRef bytes) {
+  auto tm = makeTargetMachine(cpu);
+  if (!tm)
+    return tm.takeError();
+  llvm::LLVMContext ctx;
+  llvm::Module module("flashopt-abi", ctx);
+  module.setTargetTriple((*tm)->getTargetTriple());
+  module.setDataLayout((*tm)->createDataLayout());
+  llvm::Constant *init =
+      llvm::ConstantDataArray::getString(ctx, bytes, /*AddNull=*/true);
+  auto *global = new llvm::GlobalVariable(
+      module, init->getType(), /*isConstant=*/true,
+      llvm::GlobalValue::ExternalLinkage, init, symbol);
+  global->setAlignment(llvm::Align(1));
+  llvm::SmallVector<char, 0> buffer;
+  llvm::raw_svector_ostream os(buffer);
+  llvm::legacy::PassManager pm;
+  if ((*tm)->addPassesToEmitFile(pm, os, nullptr,
+                                 llvm::CodeGenFileType::ObjectFile))
+    return makeError("the target cannot emit object files");
+  pm.run(module);
+  return std::string(buffer.begin(), buffer.end());
+}
+
+llvm::Error flashopt::target::linkSharedObject(
+    const std::string &objectPath, const std::string &sharedPath,
+    llvm::ArrayRef<std::string> extraObjects) {
   const char *envCC = std::getenv("CC");
   llvm::ErrorOr<std::string> cc = llvm::sys::findProgramByName(
       envCC && *envCC ? envCC : "cc");
@@ -180,7 +209,10 @@ llvm::Error flashopt::target::linkSharedObject(const std::string &objectPath,
                      sharedPath + "; set CC");
   std::string errorMessage;
   llvm::SmallVector<llvm::StringRef> args = {
-      *cc, "-shared", "-o", sharedPath, objectPath, "-lm"};
+      *cc, "-shared", "-o", sharedPath, objectPath};
+  for (const std::string &extra : extraObjects)
+    args.push_back(extra);
+  args.push_back("-lm");
   std::string logPath;
   llvm::SmallString<128> log;
   if (llvm::sys::fs::createTemporaryFile("flashopt-link", "log", log))

@@ -13,6 +13,7 @@
 ///
 //===----------------------------------------------------------------------===//
 
+#include "flashopt/Spec/InputLimits.h"
 #include "flashopt/Spec/JsonPositions.h"
 #include "flashopt/Spec/Spec.h"
 
@@ -1109,4 +1110,34 @@ TEST_CASE("truncated and mutated specs never crash") {
       c = static_cast<char>(pick(256));
     checkInvariants(text);
   }
+}
+
+TEST_CASE("dialect nesting pre-scan (InputLimits.h)") {
+  using flashopt::spec::findExcessiveNesting;
+  // 256 levels pass, 257 fail at the 257th bracket.
+  CHECK(!findExcessiveNesting(std::string(256, '(')));
+  auto v = findExcessiveNesting("x\n  " + std::string(300, '{'));
+  REQUIRE(v);
+  CHECK(v->line == 2);
+  CHECK(v->column == 3 + 256);
+  CHECK(v->message.find("nesting deeper than 256") != std::string::npos);
+  // Closing brackets unwind; "->" is not one; strings and // comments are
+  // not scanned.
+  std::string balanced;
+  for (int i = 0; i < 1000; ++i)
+    balanced += "(x) -> (y) {} [<>] ";
+  CHECK(!findExcessiveNesting(balanced));
+  std::string arrows;
+  for (int i = 0; i < 200; ++i)
+    arrows += "( -> ";
+  CHECK(!findExcessiveNesting(arrows)); // 200 open, none closed by "->"
+  CHECK(findExcessiveNesting(arrows + arrows));
+  CHECK(!findExcessiveNesting("\"" + std::string(1000, '(') + "\""));
+  CHECK(!findExcessiveNesting("\"\\\"" + std::string(1000, '(') + "\""));
+  CHECK(!findExcessiveNesting("// " + std::string(1000, '[') + "\nx"));
+  // A string does not run past its line.
+  auto w = findExcessiveNesting("\"open\n" + std::string(257, '('));
+  REQUIRE(w);
+  CHECK(w->line == 2);
+  CHECK(findExcessiveNesting(std::string(20000, '(')));
 }

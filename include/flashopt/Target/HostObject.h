@@ -49,11 +49,20 @@ llvm::Expected<std::string> emitHostLLVMIR(mlir::ModuleOp module,
 llvm::Expected<std::string> emitHostObject(mlir::ModuleOp module,
                                            const HostCPU &cpu);
 
-/// Links `objectPath` into the shared object `sharedPath` with the system C
-/// compiler driver (cc), adding libm and libgcc for the runtime helpers that
-/// baseline CPUs need (floorf, half-precision conversions).
+/// Emits an object file for `cpu` holding only one exported, read-only,
+/// NUL-terminated string `bytes` named `symbol` (no code): how a kernel's ABI
+/// description travels next to the kernel without touching its code.
+llvm::Expected<std::string> emitDataObject(const HostCPU &cpu,
+                                           llvm::StringRef symbol,
+                                           llvm::StringRef bytes);
+
+/// Links `objectPath` (and `extraObjects`) into the shared object
+/// `sharedPath` with the system C compiler driver (cc), adding libm and
+/// libgcc for the runtime helpers that baseline CPUs need (floorf,
+/// half-precision conversions).
 llvm::Error linkSharedObject(const std::string &objectPath,
-                             const std::string &sharedPath);
+                             const std::string &sharedPath,
+                             llvm::ArrayRef<std::string> extraObjects = {});
 
 } // namespace flashopt::target
 

@@ -164,7 +164,7 @@ FLASHOPT_API flashopt_status flashopt_context_create(flashopt_device_type type,
                                                      int device_id,
                                                      flashopt_context *out);
 /** CPU contexts: the threads a step uses, the calling one included (0 = all
- *  hardware threads). Applies to optimizers created afterwards and to
+ *  hardware threads; at most 1024, more is FLASHOPT_ERROR_INVALID_ARGUMENT). Applies to optimizers created afterwards and to
  *  existing ones. */
 FLASHOPT_API flashopt_status flashopt_context_set_threads(flashopt_context ctx,
                                                           int threads);

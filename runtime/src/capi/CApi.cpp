@@ -161,10 +161,10 @@ flashopt_status flashopt_context_set_threads(flashopt_context ctx,
     if (c->type != FLASHOPT_DEVICE_CPU)
       fail(FLASHOPT_ERROR_UNSUPPORTED,
            "a CUDA context has no CPU threads to set");
-    if (threads < 0)
+    if (threads < 0 || threads > flashopt::host::kMaxCpuThreads)
       fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           "threads must be >= 0 (0 = all hardware threads), got " +
-               std::to_string(threads));
+           "threads must be in [0, " + std::to_string(flashopt::host::kMaxCpuThreads) +
+               "] (0 = all hardware threads), got " + std::to_string(threads));
     std::lock_guard<std::mutex> lock(c->mu);
     c->threads = threads;
     for (const std::weak_ptr<OptObj> &w : c->opts)
@@ -312,6 +312,11 @@ flashopt_status flashopt_set_hyper(flashopt_optimizer opt, int32_t group,
       fail(FLASHOPT_ERROR_INVALID_ARGUMENT, "hyper-parameter " + quote(name) +
                                                 ": value " + fmt(value) +
                                                 " is not finite (as a float)");
+    if (value != 0.0 && v == 0.0f)
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+           "hyper-parameter " + quote(name) + ": value " + fmt(value) +
+               " is not 0 but underflows to 0 as a float (hyper-parameters "
+               "are f32; the smallest positive one is 1.4e-45)");
     // Validate every group first, so that nothing changes on failure.
     int first = group == -1 ? 0 : group;
     int last = group == -1 ? o->opt->num_param_groups() - 1 : group;
@@ -697,6 +702,8 @@ flashopt_status flashopt_import_master_f32(flashopt_optimizer opt,
     needOut(in, "in");
     Locked o(opt);
     checkNumel(*o, index, numel);
+    checkMasterFits(*o, index, in, FLASHOPT_ERROR_INVALID_ARGUMENT,
+                    "flashopt_import_master_f32");
     importMaster(*o, index, in);
   });
 }

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -42,6 +43,13 @@ struct Expect {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
 };
+
+/// "crc32c:" and 8 lower-case hex digits.
+std::string checksumText(const void *data, size_t n) {
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", safetensors::crc32c(data, n));
+  return std::string("crc32c:") + hex;
+}
 
 std::vector<Expect> expectedTensors(const OptObj &o, bool f32) {
   const Manifest &m = *o.m;
@@ -113,6 +121,12 @@ void saveCheckpoint(OptObj &o, const std::string &path,
     refs.push_back(std::move(r));
   }
 
+  // A CRC-32C of every tensor's bytes: a flipped data bit becomes a clear
+  // error at load (other safetensors readers ignore the key).
+  json checksums = json::object();
+  for (size_t i = 0; i < refs.size(); ++i)
+    checksums[refs[i].name] = checksumText(storage[i].data(), storage[i].size());
+
   json params = json::array();
   for (const ParamRec &p : o.params)
     params.push_back({{"name", p.name},
@@ -140,6 +154,7 @@ void saveCheckpoint(OptObj &o, const std::string &path,
       {"step", std::to_string(o.globalStep)},
       {"skipped_steps", std::to_string(o.skipped)},
       {"params", params.dump()},
+      {"checksums", checksums.dump()},
       {"param_groups", groups.dump()}};
   Status s = safetensors::write_file(path, refs, meta);
   if (!s)
@@ -241,12 +256,45 @@ void loadCheckpoint(OptObj &o, const std::string &path) {
       fail(FLASHOPT_ERROR_FORMAT,
            file + ": __metadata__ 'params' has a malformed entry " + p.dump());
     std::string name = p["name"].get<std::string>();
-    inFile.insert(name);
+    if (!inFile.insert(name).second)
+      fail(FLASHOPT_ERROR_FORMAT, file + ": __metadata__ 'params' lists "
+                                         "parameter " +
+                                      quote(name) + " more than once");
     auto it = o.byName.find(name);
     if (it == o.byName.end())
       fail(FLASHOPT_ERROR_MISMATCH, file + ": the checkpoint holds parameter " +
                                         quote(name) +
                                         ", which is not registered here");
+    const ParamRec &here = o.params[size_t(it->second)];
+    if (!p.contains("numel") || !p["numel"].is_number_integer())
+      fail(FLASHOPT_ERROR_FORMAT, file + ": __metadata__ 'params' entry of " +
+                                      quote(name) + " has no integer 'numel'");
+    if (p["numel"].get<int64_t>() != here.numel)
+      fail(FLASHOPT_ERROR_MISMATCH,
+           file + ": __metadata__ 'params' gives parameter " + quote(name) +
+               " numel " + std::to_string(p["numel"].get<int64_t>()) +
+               ", but " + o.describe(it->second) + " has " +
+               std::to_string(here.numel));
+    std::vector<int64_t> shape;
+    bool shapeOk = p.contains("shape") && p["shape"].is_array();
+    if (shapeOk)
+      for (const json &d : p["shape"]) {
+        if (!d.is_number_integer()) {
+          shapeOk = false;
+          break;
+        }
+        shape.push_back(d.get<int64_t>());
+      }
+    if (!shapeOk)
+      fail(FLASHOPT_ERROR_FORMAT, file + ": __metadata__ 'params' entry of " +
+                                      quote(name) +
+                                      " has no 'shape' list of integers");
+    if (shape != here.shape)
+      fail(FLASHOPT_ERROR_MISMATCH,
+           file + ": __metadata__ 'params' gives parameter " + quote(name) +
+               " shape " + shapeString(shape) + ", but " +
+               o.describe(it->second) + " has shape " +
+               shapeString(here.shape));
     int64_t group = p["group"].get<int64_t>();
     if (group != o.params[size_t(it->second)].group)
       fail(FLASHOPT_ERROR_MISMATCH,
@@ -326,6 +374,43 @@ void loadCheckpoint(OptObj &o, const std::string &path) {
       fail(FLASHOPT_ERROR_MISMATCH, file + ": unexpected tensor " +
                                         quote(kv.first) + " (" + form +
                                         " checkpoint of " + m.name + ")");
+
+  // Checksums (checkpoints written before they existed have none).
+  if (meta.count("checksums")) {
+    json sums = parseJson(meta, "checksums", file);
+    if (!sums.is_object())
+      fail(FLASHOPT_ERROR_FORMAT,
+           file + ": __metadata__ 'checksums' is not an object");
+    for (const Expect &e : ex) {
+      auto it = sums.find(e.name);
+      if (it == sums.end() || !it->is_string())
+        fail(FLASHOPT_ERROR_FORMAT, file + ": tensor " + quote(e.name) +
+                                        ": __metadata__ 'checksums' has no "
+                                        "checksum for it");
+      const safetensors::StoredTensor *t = f.find(e.name);
+      std::string got = checksumText(t->data, size_t(t->bytes));
+      if (it->get<std::string>() != got)
+        fail(FLASHOPT_ERROR_FORMAT,
+             file + ": tensor " + quote(e.name) + ": data checksum is " + got +
+                 ", but __metadata__ 'checksums' records " +
+                 it->get<std::string>() + " (the file is corrupt)");
+    }
+    if (sums.size() != ex.size())
+      fail(FLASHOPT_ERROR_FORMAT,
+           file + ": __metadata__ 'checksums' names tensors the file does "
+                  "not hold");
+  }
+
+  // F32 masters must fit the parameter dtype (validated before any copy).
+  if (f32)
+    for (const Expect &e : ex)
+      if (e.state.empty()) {
+        const safetensors::StoredTensor *t = f.find(e.name);
+        std::vector<float> v(size_t(o.params[size_t(e.param)].numel));
+        std::memcpy(v.data(), t->data, size_t(t->bytes));
+        checkMasterFits(o, e.param, v.data(), FLASHOPT_ERROR_FORMAT,
+                        file + ": tensor " + quote(e.name));
+      }
 
   // ---- copy
   // ------------------------------------------------------------------

@@ -97,6 +97,14 @@ DLInfo parseDL(const void *ptr, const ContextObj &ctx, const std::string &who) {
   if (t->ndim == 0)
     out.shape = {1};
   out.numel = numel;
+  // byte_offset is a uint64_t: one that wraps the address (or is absurd)
+  // is an error, not a pointer somewhere else.
+  uintptr_t base = reinterpret_cast<uintptr_t>(t->data), addr = 0;
+  if (t->byte_offset > uint64_t(std::numeric_limits<int64_t>::max()) ||
+      __builtin_add_overflow(base, uintptr_t(t->byte_offset), &addr))
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         who + ": DLPack byte_offset " + std::to_string(t->byte_offset) +
+             " overflows the data pointer");
   out.data = static_cast<char *>(t->data) + t->byte_offset;
   if (!t->data)
     out.data = nullptr;

@@ -14,6 +14,9 @@
 
 #include "codec/Codec.h"
 
+#include <cmath>
+#include <cstdio>
+
 namespace flashopt::capi {
 
 std::vector<float> exportMaster(OptObj &o, int64_t i) {
@@ -28,6 +31,30 @@ std::vector<float> exportMaster(OptObj &o, int64_t i) {
                        m.correction ? corr.data() : nullptr, m.correction, n,
                        out.data());
   return out;
+}
+
+void checkMasterFits(const OptObj &o, int64_t i, const float *in,
+                     flashopt_status code, const std::string &where) {
+  const Manifest &m = *o.m;
+  if (m.param == DType::F32)
+    return;
+  int64_t n = o.params[size_t(i)].numel;
+  std::vector<uint16_t> param(static_cast<size_t>(n));
+  std::vector<uint8_t> corr;
+  if (m.correction)
+    corr.resize(size_t(n * dtype_size(*m.correction)));
+  codec::encode_master(in, n, param.data(), m.param,
+                       m.correction ? corr.data() : nullptr, m.correction);
+  const uint16_t infBits = m.param == DType::BF16 ? 0x7F80 : 0x7C00;
+  for (int64_t k = 0; k < n; ++k)
+    if (std::isfinite(in[k]) && (param[size_t(k)] & 0x7FFF) == infBits) {
+      char v[32];
+      std::snprintf(v, sizeof v, "%.9g", double(in[k]));
+      fail(code, where + ": " + o.describe(i) + ": element " +
+                     std::to_string(k) + " is " + v + ", finite but beyond the " +
+                     dtype_name(m.param) + " range of the parameter (it would "
+                     "become infinite)");
+    }
 }
 
 void importMaster(OptObj &o, int64_t i, const float *in) {

@@ -32,6 +32,48 @@ std::vector<std::string> tensorNamesOf(const Manifest &m,
   return out;
 }
 
+/// Whether `s` is well-formed UTF-8 (no overlong forms, no surrogates, at
+/// most U+10FFFF) with no NUL byte.
+static bool validUtf8(const std::string &s) {
+  const auto *p = reinterpret_cast<const unsigned char *>(s.data());
+  size_t n = s.size(), i = 0;
+  while (i < n) {
+    unsigned c = p[i];
+    if (c == 0)
+      return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    unsigned cp;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n)
+      return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80)
+        return false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+      return false;
+    i += len;
+  }
+  return true;
+}
+
 void addParam(OptObj &o, int32_t group, const char *cname, void *param,
               flashopt_dtype pdt, int64_t numel, const void *grad,
               flashopt_dtype gdt, std::vector<int64_t> shape,
@@ -48,6 +90,18 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
          "parameter " + std::to_string(index) +
              ": the name is empty (pass NULL for \"p<index>\")");
   std::string name = cname ? cname : "p" + std::to_string(index);
+  // Names become checkpoint tensor names (JSON strings of a safetensors
+  // header): they must be valid UTF-8 and must not be the metadata key.
+  if (!validUtf8(name))
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         "parameter " + std::to_string(index) +
+             ": the name is not valid UTF-8 (checkpoint tensor names are "
+             "JSON strings)");
+  if (name == "__metadata__")
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         "parameter " + std::to_string(index) +
+             ": the name \"__metadata__\" is reserved by the safetensors "
+             "checkpoint format");
   std::string who = "parameter " + quote(name);
   checkGroup(o, group);
   if (!param)

@@ -133,7 +133,7 @@ public:
     minGroups_ = opts.min_groups_per_chunk > 0
                      ? opts.min_groups_per_chunk
                      : std::max<int64_t>(1, 32768 / m_->group_size);
-    setThreads(opts.threads);
+    setThreads(std::clamp(opts.threads, 0, kMaxCpuThreads));
   }
 
   const Bundle &bundle() const { return *bundle_; }
@@ -325,6 +325,11 @@ const Bundle &CpuOptimizer::bundle() const { return cpu_->bundle(); }
 int CpuOptimizer::threads() const { return cpu_->threads(); }
 
 Status CpuOptimizer::set_threads(int n) {
+  if (n < 0 || n > kMaxCpuThreads)
+    return Status::error("set_threads: threads must be in [0, " +
+                         std::to_string(kMaxCpuThreads) +
+                         "] (0 = all hardware threads), got " +
+                         std::to_string(n));
   try {
     cpu_->setThreads(n);
   } catch (const std::exception &e) {

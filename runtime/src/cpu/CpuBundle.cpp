@@ -12,9 +12,11 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/host/CpuBundle.h"
+#include "flashopt/abi/Files.h"
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <dlfcn.h>
 #include <exception>
 #include <filesystem>
@@ -74,6 +76,59 @@ bool host_supports_feature(std::string_view f) {
 namespace {
 std::string quote(const std::string &s) { return "\"" + s + "\""; }
 } // namespace
+
+Status check_kernel_abi(const Manifest &m, void *handle, const KernelEntry &k,
+                        const std::string &mpath) {
+  std::string abiSymbol = k.symbol + abi::kKernelAbiSymbolSuffix;
+  const char *desc = static_cast<const char *>(dlsym(handle, abiSymbol.c_str()));
+  if (!desc)
+    return Status::error(mpath + ": kernel " + quote(k.file) +
+                         " has no ABI description (symbol " + quote(abiSymbol) +
+                         "); rebuild the bundle with this flashopt-gen");
+  std::string have(desc, strnlen(desc, 65536));
+  std::string expected = abi::kernel_abi_description(m);
+  if (expected != have)
+    return Status::error(mpath + ": the manifest disagrees with kernel " +
+                         quote(k.file) + ": the kernel was compiled for \"" +
+                         have + "\" but the manifest describes \"" + expected +
+                         "\"");
+  return Status::success();
+}
+
+Status check_bundle_kernel_abi(const Manifest &m, const std::string &dir) {
+  const std::string mpath = dir + "/manifest.json";
+  for (const KernelEntry &k : m.kernels) {
+    if (k.target != "cpu")
+      continue;
+    std::string path = (!k.file.empty() && k.file[0] == '/') ? k.file
+                                                             : dir + "/" + k.file;
+    // Read, not dlopen'ed: nothing of the file is mapped or run (a GPU load
+    // must not depend on the CPU kernel being loadable here). The
+    // description is the one NUL-terminated "flashopt-kernel-abi ..." string
+    // of the object's read-only data.
+    std::string bytes, reason;
+    if (abi::read_regular_file(path, uint64_t(1) << 30, bytes, reason) !=
+        abi::FileError::None)
+      continue; // a missing artifact: try the next flavour
+    const std::string prefix = "flashopt-kernel-abi ";
+    size_t at = bytes.find(prefix);
+    if (at == std::string::npos)
+      return Status::error(mpath + ": kernel " + quote(k.file) +
+                           " has no ABI description; rebuild the bundle with "
+                           "this flashopt-gen");
+    size_t end = bytes.find('\0', at);
+    std::string have = bytes.substr(at, end == std::string::npos ? std::string::npos
+                                                                 : end - at);
+    std::string expected = abi::kernel_abi_description(m);
+    if (have != expected)
+      return Status::error(mpath + ": the manifest disagrees with kernel " +
+                           quote(k.file) + ": the kernel was compiled for \"" +
+                           have + "\" but the manifest describes \"" +
+                           expected + "\"");
+    return Status::success();
+  }
+  return Status::success(); // no CPU kernel file to compare with
+}
 
 Bundle::~Bundle() {
   if (handle_)
@@ -178,6 +233,13 @@ Expected<std::shared_ptr<Bundle>> Bundle::load(const std::string &dir,
                            " has no symbol " + quote(k.symbol) +
                            (e ? std::string(" (") + e + ")" : std::string()));
     }
+    // The kernel's own description of what it reads (flashopt-gen emits it
+    // next to the kernel): a manifest that disagrees with it (fewer
+    // hyper-parameters, other buffers) would make the kernel read out of
+    // bounds, so it is refused here, before anything runs.
+    if (opts.check_kernel_abi)
+      if (Status s = check_kernel_abi(b->manifest_, b->handle_, k, mpath); !s)
+        return s;
     b->fn_ = reinterpret_cast<KernelFn>(sym);
     return Expected<std::shared_ptr<Bundle>>(std::move(b));
   } catch (const std::exception &e) {

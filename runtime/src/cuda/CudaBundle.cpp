@@ -10,6 +10,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/host/CudaBundle.h"
+#include "flashopt/abi/Files.h"
+#include "flashopt/host/CpuBundle.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -152,16 +154,12 @@ std::string joinPath(const std::string &dir, const std::string &file) {
 }
 
 Expected<std::string> readFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    int err = errno;
-    return Status::error(path + ": cannot open (" + std::strerror(err) + ")");
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad())
-    return Status::error(path + ": read error");
-  return ss.str();
+  // PTX and cubins are a few MiB; 1 GiB bounds a mistaken or endless file.
+  std::string text, reason;
+  if (abi::read_regular_file(path, uint64_t(1) << 30, text, reason) !=
+      abi::FileError::None)
+    return Status::error(path + ": " + reason);
+  return text;
 }
 
 std::string trimLog(const char *log) {
@@ -182,6 +180,11 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
     Expected<Manifest> m = load_manifest(dir + "/manifest.json");
     if (!m)
       return m.status();
+    // The PTX carries no ABI description; the bundle's CPU kernel does, and
+    // was compiled from the same kernel IR: a manifest that disagrees with
+    // it is refused before any launch.
+    if (Status s = check_bundle_kernel_abi(*m, dir); !s)
+      return s;
     const CudaDeviceInfo &info = ctx->info();
     Expected<GpuKernelChoice> choice = select_gpu_kernel(
         *m, info.cc_major, info.cc_minor,

@@ -20,6 +20,8 @@
 
 #include "Safetensors.h"
 
+#include "flashopt/abi/Files.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -32,6 +34,11 @@
 #include <set>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <cstdlib>
+#include <optional>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "Safetensors.cpp assumes a little-endian host"
@@ -110,10 +117,31 @@ std::string found(const json &j) {
 // File I/O helpers
 //===----------------------------------------------------------------------===//
 
-bool writeAll(int fd, const void *data, size_t n, int *err) {
+std::optional<WriteFault> injectedFault;
+
+bool faultAt(WriteStage stage, int *err) {
+  if (injectedFault && injectedFault->stage == stage) {
+    *err = injectedFault->error;
+    return true;
+  }
+  return false;
+}
+
+/// Writes all `n` bytes; `*written` counts the bytes of the file so far (for
+/// an injected Write fault at a chosen byte).
+bool writeAll(int fd, const void *data, size_t n, int *err,
+              uint64_t *written) {
   const auto *p = static_cast<const uint8_t *>(data);
   while (n > 0) {
     size_t chunk = std::min<size_t>(n, size_t(1) << 30);
+    if (injectedFault && injectedFault->stage == WriteStage::Write) {
+      uint64_t at = injectedFault->at_byte;
+      if (*written >= at) {
+        *err = injectedFault->error;
+        return false;
+      }
+      chunk = size_t(std::min<uint64_t>(chunk, at - *written));
+    }
     ssize_t w = ::write(fd, p, chunk);
     if (w < 0) {
       if (errno == EINTR)
@@ -127,6 +155,7 @@ bool writeAll(int fd, const void *data, size_t n, int *err) {
     }
     p += w;
     n -= size_t(w);
+    *written += uint64_t(w);
   }
   return true;
 }
@@ -145,7 +174,112 @@ void splitPath(const std::string &path, std::string *dir, std::string *base) {
 
 std::atomic<uint64_t> tempCounter{0};
 
+/// Whether `name` is "<prefix><digits>-<digits>" and, if so, the pid.
+bool parseTempName(const std::string &name, const std::string &prefix,
+                   long *pid) {
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix))
+    return false;
+  size_t i = prefix.size(), start = i;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9')
+    ++i;
+  if (i == start || i - start > 9 || i >= name.size() || name[i] != '-')
+    return false;
+  *pid = std::stol(name.substr(start, i - start));
+  size_t j = ++i;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9')
+    ++i;
+  return i > j && i == name.size();
+}
+
+/// Removes the temporaries that killed writers of `dir`/`base` left: names
+/// ".<base>.tmp-<pid>-<n>" (what write_file creates for this target and no
+/// other), regular files of this user, whose process is gone, and which no
+/// writer holds locked (every writer holds an exclusive flock on its
+/// temporary until the rename). Best effort: errors are ignored.
+void removeStaleTemporaries(const std::string &dir, const std::string &base) {
+  const std::string prefix = "." + base + ".tmp-";
+  DIR *d = ::opendir(dir.c_str());
+  if (!d)
+    return;
+  std::vector<std::string> stale;
+  while (struct dirent *e = ::readdir(d)) {
+    std::string name = e->d_name;
+    long pid = 0;
+    if (!parseTempName(name, prefix, &pid))
+      continue;
+    if (pid == long(::getpid()))
+      continue; // this process's own writers (other threads)
+    if (pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno == EPERM))
+      continue; // the writer may still be alive
+    stale.push_back(name);
+  }
+  ::closedir(d);
+  for (const std::string &name : stale) {
+    std::string full = (dir == "/" ? std::string("/") : dir + "/") + name;
+    int fd = ::open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW |
+                                      O_NONBLOCK);
+    if (fd < 0)
+      continue;
+    struct stat st;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_uid == ::geteuid() && ::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      // Still the same file at that name? Then nobody writes it: remove.
+      struct stat now;
+      if (::lstat(full.c_str(), &now) == 0 && now.st_ino == st.st_ino &&
+          now.st_dev == st.st_dev)
+        ::unlink(full.c_str());
+    }
+    ::close(fd);
+  }
+}
+
 } // namespace
+
+namespace {
+/// Slicing-by-8 tables of the reflected CRC-32C polynomial 0x82F63B78.
+struct Crc32cTables {
+  uint32_t t[8][256];
+  Crc32cTables() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k)
+        c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s)
+        t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+  }
+};
+const Crc32cTables &crcTables() {
+  static const Crc32cTables tables;
+  return tables;
+}
+} // namespace
+
+uint32_t crc32c(const void *data, size_t n, uint32_t crc) {
+  const auto &T = crcTables().t;
+  const auto *p = static_cast<const uint8_t *>(data);
+  crc = ~crc;
+  while (n >= 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4); // little-endian host
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;
+    crc = T[7][lo & 0xFF] ^ T[6][(lo >> 8) & 0xFF] ^ T[5][(lo >> 16) & 0xFF] ^
+          T[4][lo >> 24] ^ T[3][hi & 0xFF] ^ T[2][(hi >> 8) & 0xFF] ^
+          T[1][(hi >> 16) & 0xFF] ^ T[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n--)
+    crc = (crc >> 8) ^ T[0][(crc ^ *p++) & 0xFF];
+  return ~crc;
+}
+
+void set_write_fault_for_testing(std::optional<WriteFault> fault) {
+  injectedFault = fault;
+}
 
 //===----------------------------------------------------------------------===//
 // Dtypes
@@ -173,6 +307,26 @@ Status write_file(const std::string &path, const std::vector<TensorRef> &tensors
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     return Status::error(where + "is a directory; expected a file path");
+  // Symbolic links are followed: the link's final target is written (and
+  // replaced atomically), the link itself is kept.
+  std::string target = path;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    char *real = ::realpath(path.c_str(), nullptr);
+    if (!real)
+      return Status::error(where + "is a symbolic link that does not resolve "
+                                   "to an existing file (" +
+                           errnoText(errno) +
+                           "); checkpoints follow links only to existing "
+                           "regular files");
+    target = real;
+    std::free(real);
+    splitPath(target, &dir, &base);
+  }
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    return Status::error(where + (target == path ? "is " : "links to ") +
+                         abi::file_kind(st.st_mode) +
+                         ", not a regular file; checkpoints are written only "
+                         "to regular files (or new paths)");
 
   try {
     // Validate the tensors and lay out the data section in the given order.
@@ -251,18 +405,30 @@ Status write_file(const std::string &path, const std::vector<TensorRef> &tensors
     uint64_t n = text.size();
     std::memcpy(len, &n, 8); // little-endian host
 
-    // A fresh temporary file next to the target.
+    removeStaleTemporaries(dir, base);
+
+    // A fresh temporary file next to the target, locked while written (so
+    // a later save can tell a live writer's temporary from a stale one).
     std::string tmp;
     int fd = -1;
     for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
       tmp = (dir == "/" ? std::string("/") : dir + "/") + "." + base + ".tmp-" +
             std::to_string(::getpid()) + "-" +
             std::to_string(tempCounter.fetch_add(1));
-      fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      int openErr = 0;
+      if (faultAt(WriteStage::Open, &openErr)) {
+        errno = openErr;
+        fd = -1;
+      } else {
+        fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                    0666);
+      }
       if (fd < 0 && errno != EEXIST)
         return Status::error(where + "cannot create the temporary file " +
                              quote(tmp) + ": " + errnoText(errno));
     }
+    if (fd >= 0)
+      (void)::flock(fd, LOCK_EX | LOCK_NB);
     if (fd < 0)
       return Status::error(where + "cannot create a temporary file in " +
                            quote(dir) + ": names in use");
@@ -274,23 +440,30 @@ Status write_file(const std::string &path, const std::vector<TensorRef> &tensors
       return Status::error(where + what + ": " + errnoText(err));
     };
     int err = 0;
-    if (!writeAll(fd, len, 8, &err) ||
-        !writeAll(fd, text.data(), text.size(), &err))
+    uint64_t written = 0;
+    if (!writeAll(fd, len, 8, &err, &written) ||
+        !writeAll(fd, text.data(), text.size(), &err, &written))
       return fail("writing the header to " + quote(tmp), err);
     for (size_t i = 0; i < tensors.size(); ++i)
       if (size[i] > 0 &&
-          !writeAll(fd, tensors[i].data, size_t(size[i]), &err))
+          !writeAll(fd, tensors[i].data, size_t(size[i]), &err, &written))
         return fail("writing tensor " + quote(tensors[i].name) + " to " +
                         quote(tmp),
                     err);
+    if (faultAt(WriteStage::Fsync, &err))
+      return fail("fsync of " + quote(tmp), err);
     if (::fsync(fd) != 0)
       return fail("fsync of " + quote(tmp), errno);
+    if (faultAt(WriteStage::Rename, &err))
+      return fail("renaming " + quote(tmp) + " to the target", err);
+    // Rename while still holding the lock, then close.
+    if (::rename(tmp.c_str(), target.c_str()) != 0)
+      return fail("renaming " + quote(tmp) + " to the target", errno);
     int closeResult = ::close(fd);
     fd = -1;
     if (closeResult != 0)
-      return fail("closing " + quote(tmp), errno);
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      return fail("renaming " + quote(tmp) + " to the target", errno);
+      return Status::error(where + "written, but closing it failed: " +
+                           errnoText(errno));
 
     // Make the rename durable.
     int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -340,7 +513,8 @@ Expected<File> File::read(const std::string &path) {
   const std::string where = path + ": ";
   try {
     // The whole file.
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO must not stall the open (it is refused below).
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0)
       return Status::error(where + "cannot open: " + errnoText(errno));
     struct stat st;
@@ -351,7 +525,8 @@ Expected<File> File::read(const std::string &path) {
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
-      return Status::error(where + "not a regular file");
+      return Status::error(where + "not a regular file (it is " +
+                           abi::file_kind(st.st_mode) + ")");
     }
     File f;
     f.path_ = path;

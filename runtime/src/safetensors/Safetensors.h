@@ -53,9 +53,34 @@ struct TensorRef {
 
 /// Writes `tensors` (in this order in the data section; the header lists
 /// them sorted by name, as the reference implementation does) and
-/// `metadata` to `path`, atomically.
+/// `metadata` to `path`, atomically (a temporary file next to the target,
+/// fsync, rename, fsync of the directory).
+///
+/// The target must be a regular file or not exist: a directory, FIFO,
+/// socket or device is refused. A symbolic link is followed (its final
+/// target is replaced atomically and the link is kept); a dangling link or a
+/// link to a non-regular file is refused. Temporaries left by writers of
+/// the same target that were killed (".<name>.tmp-<pid>-<n>", no longer
+/// locked by a live writer) are removed first.
 Status write_file(const std::string &path, const std::vector<TensorRef> &tensors,
                   const std::map<std::string, std::string> &metadata);
+
+/// CRC-32C (Castagnoli, the iSCSI/ext4 checksum) of `n` bytes, continuing
+/// from `crc` (0 to start). crc32c("123456789") == 0xE3069283.
+uint32_t crc32c(const void *data, size_t n, uint32_t crc = 0);
+
+/// The stage of write_file at which an injected fault strikes (tests only).
+enum class WriteStage { Open, Write, Fsync, Rename };
+/// An injected write fault: the stage, the byte of the file at which a
+/// Write fault strikes (the bytes before it are written), and the errno.
+struct WriteFault {
+  WriteStage stage = WriteStage::Open;
+  uint64_t at_byte = 0;
+  int error = 5; // EIO
+};
+/// Makes every later write_file of this process fail as `fault` says
+/// (nullopt: no fault). For fault tests; not thread-safe against writers.
+void set_write_fault_for_testing(std::optional<WriteFault> fault);
 
 /// One tensor of a file that was read.
 struct StoredTensor {

@@ -29,6 +29,13 @@ enum { G = 32, R = 7, H = 2 };
 
 const char *fake_sgd_cpu(void) { return FAKE_CPU; }
 
+/* The ABI description the runtime checks against the manifest
+ * (abi::kernel_abi_description; flashopt-gen emits it for its kernels). */
+const char fake_sgd_step__abi[] =
+    "flashopt-kernel-abi 1; group_size 32; hypers lr,momentum; buffers "
+    "param:f32:element:readwrite,grad:f32:element:read,"
+    "momentum_buffer:f32:element:readwrite; record_words 7";
+
 /* Number of kernel calls so far (tests read it to see the chunking). */
 static int64_t calls;
 int64_t fake_sgd_calls(void) { return __atomic_load_n(&calls, __ATOMIC_RELAXED); }

@@ -137,3 +137,19 @@ TEST_CASE("CPU selection: best supported flavour, forced by option or env") {
   REQUIRE((*o)->step().ok());
   CHECK(p[99] == 1.0f - 0.01f);
 }
+
+TEST_CASE("a manifest that disagrees with the kernel's ABI description is "
+          "refused") {
+  // The stand-in kernel describes (lr, momentum) and three f32 buffers; a
+  // manifest with no hyper-parameters would make it read past the table.
+  json m = fakeManifest();
+  m["hypers"] = json::array();
+  std::string dir = makeBundle("abi_mismatch", m);
+  REQUIRE(load_manifest(dir + "/manifest.json").ok()); // well-formed alone
+  auto b = Bundle::load(dir, noEnv());
+  REQUIRE(!b.ok());
+  CHECK(b.error().find("the manifest disagrees with kernel") != std::string::npos);
+  CHECK(b.error().find("hypers lr,momentum") != std::string::npos);
+  // The shipped fake bundle matches.
+  CHECK(Bundle::load(kBundle, noEnv()).ok());
+}

@@ -158,13 +158,29 @@ void complete_manifest(Manifest &m);
 /// Parses and validates a manifest. `origin` names the source in messages.
 Expected<Manifest> parse_manifest(std::string_view json_text,
                                   const std::string &origin);
-/// Reads and validates `path` (a manifest.json file).
+/// The largest manifest.json load_manifest reads (a real one is a few KiB).
+inline constexpr uint64_t kMaxManifestBytes = uint64_t(16) << 20;
+/// Reads and validates `path` (a manifest.json file): a regular file of at
+/// most kMaxManifestBytes (a FIFO, a device or an endless file is refused).
 Expected<Manifest> load_manifest(const std::string &path);
 
 /// Renders `m` as pretty-printed JSON (with a trailing newline), in the
 /// layout parse_manifest reads. The buffer list, table layout and bytes per
 /// parameter are written as `m` holds them: call complete_manifest first.
 std::string write_manifest(const Manifest &m);
+
+/// The suffix of the data symbol that flashopt-gen puts next to every CPU
+/// step kernel `S` of a bundle: `S__abi`, a NUL-terminated
+/// kernel_abi_description of the manifest the kernel was compiled for.
+inline constexpr const char *kKernelAbiSymbolSuffix = "__abi";
+
+/// What a step kernel reads, as one line of text: the hyper-parameter names
+/// in table order (the kernel reads hypers[slot * H + h]), the group size,
+/// the buffers in record order (name, dtype, per element / group, access)
+/// and the record length. The runtime compares the kernel's copy with the
+/// one computed from the manifest it was given, so a manifest that
+/// disagrees with its kernel is an error before anything runs.
+std::string kernel_abi_description(const Manifest &m);
 
 /// The index of buffer `name` in `m.buffers`, or an error listing the
 /// buffers the manifest has.

@@ -39,7 +39,23 @@ struct LoadOptions {
   std::string cpu;
   /// When `cpu` is empty, honour the FLASHOPT_CPU environment variable.
   bool use_env = true;
+  /// Compare the kernel's ABI description (the `<symbol>__abi` data symbol
+  /// flashopt-gen emits) with the manifest and refuse a mismatch. Only tests
+  /// that lay other manifests over a stand-in kernel (to test layouts, never
+  /// stepping) turn this off; the C ABI always checks.
+  bool check_kernel_abi = true;
 };
+
+/// Compares the ABI description of the CPU kernel `k` (dlopen'ed as
+/// `handle`) with the manifest `m` (read from `manifest_path`): an error
+/// naming both when they differ or when the kernel has none.
+Status check_kernel_abi(const Manifest &m, void *handle, const KernelEntry &k,
+                        const std::string &manifest_path);
+/// The same for a bundle directory, from the bytes of its first readable
+/// CPU kernel file (read, never loaded; for GPU loads: the PTX carries no
+/// description). Success when the
+/// bundle has no CPU kernel file.
+Status check_bundle_kernel_abi(const Manifest &m, const std::string &dir);
 
 /// A loaded bundle: its manifest and one dlopen'ed CPU kernel. Shared by the
 /// optimizers created from it; the library is closed with the last one.

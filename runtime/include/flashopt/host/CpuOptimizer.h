@@ -26,9 +26,13 @@
 
 namespace flashopt::host {
 
+/// The most threads a CPU optimizer runs a step on (set_threads refuses
+/// more: a thread pool of 100000 threads only thrashes the machine).
+inline constexpr int kMaxCpuThreads = 1024;
+
 struct OptimizerOptions {
   /// Threads taking part in a step (the calling thread included); 0 means
-  /// std::thread::hardware_concurrency().
+  /// std::thread::hardware_concurrency(); at most kMaxCpuThreads.
   int threads = 0;
   /// A step uses at most total_groups / min_groups_per_chunk threads (at
   /// least one); 0 means about 32768 elements' worth of groups.
@@ -69,8 +73,8 @@ public:
 
   /// Threads taking part in a step.
   int threads() const;
-  /// Resizes the thread pool (0 = hardware concurrency). On failure to
-  /// start threads, steps run on the calling thread and an error is returned.
+  /// Resizes the thread pool (0 = hardware concurrency; more than
+  /// kMaxCpuThreads or fewer than 0 is an error). On failure to start threads, steps run on the calling thread and an error is returned.
   Status set_threads(int threads);
   /// The chunks the next step() will use.
   std::vector<Chunk> plan_chunks() const;

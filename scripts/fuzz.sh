@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs one libFuzzer target for SECONDS (default 60):
+#   scripts/fuzz.sh manifest|spec|checkpoint SECONDS [libFuzzer flags...]
+# Builds build-fuzz/ first (MLIR-free parts only, clang-22 with libFuzzer,
+# ASan and UBSan: FLASHOPT_RUNTIME_ONLY=ON FLASHOPT_FUZZ=ON). The checkpoint
+# target loads the adamw_bf16_m24 bundle of a full build (build/kernels, or
+# FLASHOPT_FUZZ_KERNELS). Seeds: fuzz/corpus/TARGET (read only); what the run
+# adds goes to build-fuzz/fuzz-corpus/TARGET, crashes to
+# build-fuzz/fuzz-artifacts/TARGET/ -- copy a crash into fuzz/corpus/TARGET
+# as a regression (ctest fuzz/replay/TARGET then runs it) once it is fixed.
+# Needs: apt-get install clang-22 libclang-rt-22-dev.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TARGET="${1:?usage: scripts/fuzz.sh manifest|spec|checkpoint SECONDS [flags...]}"
+SECONDS_TO_RUN="${2:-60}"
+shift $(( $# >= 2 ? 2 : 1 ))
+BUILD="${FLASHOPT_FUZZ_BUILD:-build-fuzz}"
+KERNELS="${FLASHOPT_FUZZ_KERNELS:-$PWD/build/kernels}"
+CXX_BIN="${FLASHOPT_FUZZ_CXX:-clang++-22}"
+CC_BIN="${FLASHOPT_FUZZ_CC:-clang-22}"
+case "$TARGET" in
+  manifest|spec|checkpoint) ;;
+  *) echo "fuzz.sh: unknown target '$TARGET' (manifest, spec, checkpoint)" >&2; exit 2 ;;
+esac
+command -v "$CXX_BIN" >/dev/null || {
+  echo "fuzz.sh: $CXX_BIN not found (apt-get install clang-22 libclang-rt-22-dev)" >&2; exit 2; }
+if [[ ! -f "$BUILD/build.ninja" ]]; then
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_COMPILER="$CC_BIN" -DCMAKE_CXX_COMPILER="$CXX_BIN" \
+    -DFLASHOPT_RUNTIME_ONLY=ON -DFLASHOPT_FUZZ=ON -DFLASHOPT_BUILD_UNITTESTS=OFF \
+    -DFLASHOPT_FUZZ_KERNELS="$KERNELS" >/dev/null
+fi
+cmake --build "$BUILD" -j "${FLASHOPT_JOBS:-2}" --target "$TARGET-fuzzer"
+if [[ "$TARGET" == checkpoint && ! -f "$KERNELS/adamw_bf16_m24/manifest.json" ]]; then
+  echo "fuzz.sh: no $KERNELS/adamw_bf16_m24 (build the full tree first: scripts/build.sh)" >&2
+  exit 2
+fi
+export FLASHOPT_FUZZ_BUNDLE="$KERNELS/adamw_bf16_m24"
+WORK="$BUILD/fuzz-corpus/$TARGET"
+ART="$BUILD/fuzz-artifacts/$TARGET"
+mkdir -p "$WORK" "$ART"
+DICT=()
+[[ -f "fuzz/$TARGET.dict" ]] && DICT=(-dict="fuzz/$TARGET.dict")
+exec "$BUILD/fuzz/$TARGET-fuzzer" -max_total_time="$SECONDS_TO_RUN" \
+  -print_final_stats=1 -timeout=10 -rss_limit_mb=4096 \
+  -artifact_prefix="$ART/" "${DICT[@]}" "$@" "$WORK" "fuzz/corpus/$TARGET"
