@@ -627,6 +627,9 @@ class FlashOptimizer(Optimizer):
                 tensors[key] = v.detach().to("cpu", torch.float32).reshape(-1).contiguous()
         if steps:
             meta = _with_steps(meta, steps)
+        # The tensors are torch's now: the library's per-tensor checksums of
+        # the file it wrote no longer apply (a file without them loads).
+        meta.pop("checksums", None)
         save_file(tensors, path, metadata=meta)
 
 
