@@ -8,9 +8,13 @@
 /// flashopt.h's entry points over the internal C++ layer: each runs in
 /// guard() (capi/Errors.h), looks up its handle (capi/Handles.h) and calls
 /// the context's optimizer (one host::Optimizer, CPU or CUDA backend).
-/// Parameters (capi/Params.cpp), DLPack (capi/DLPack.cpp), checkpoints
-/// (capi/Checkpoint.cpp) and master weights (capi/MasterWeights.cpp) have
-/// their own files.
+/// This file: errors and versions, contexts, optimizers, param groups and
+/// hyper-parameters, parameters and gradients. The stepping entry points
+/// are in capi/StepApi.cpp, those of the optimizer's state (master weights,
+/// numerics, checkpoints) in capi/StateApi.cpp, communicators in
+/// capi/Comm.cpp; parameters (capi/Params.cpp), DLPack (capi/DLPack.cpp),
+/// checkpoints (capi/Checkpoint.cpp) and master weights
+/// (capi/MasterWeights.cpp) have their own files.
 ///
 /// Per-parameter step counters (gradient release): flashopt_step runs one
 /// kernel call per distinct counter value (one call when all are equal),
@@ -21,14 +25,11 @@
 #include "flashopt/flashopt.h"
 
 #include "Bundles.h"
-#include "Checkpoint.h"
 #include "DLPack.h"
 #include "Errors.h"
 #include "Handles.h"
-#include "MasterWeights.h"
 #include "Objects.h"
 #include "Params.h"
-#include "Stepping.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,21 +39,6 @@
 
 using namespace flashopt::capi;
 
-namespace {
-/// FNV-1a over the bytes of `v` (the ranks compare hyper tables by it).
-uint64_t hashFloats(const std::vector<float> &v) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  const unsigned char *p = reinterpret_cast<const unsigned char *>(v.data());
-  for (size_t i = 0; i < v.size() * sizeof(float); ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
-/// numerics.md §4.3: the exponent bits of a parameter dtype.
-int exponentBits(DType t) { return t == DType::F16 ? 5 : 8; }
-} // namespace
 
 //===----------------------------------------------------------------------===//
 // The C ABI
@@ -471,339 +457,6 @@ flashopt_status flashopt_get_param_info(flashopt_optimizer opt, int64_t index,
     i.shape = p.shape.data();
     i.step = p.step;
     *out = i;
-  });
-}
-
-// ---- stepping
-// ------------------------------------------------------------------------
-
-flashopt_status flashopt_step(flashopt_optimizer opt) {
-  return guard("flashopt_step", [&] {
-    Locked o(opt);
-    std::vector<int64_t> all(o->params.size());
-    for (size_t i = 0; i < all.size(); ++i)
-      all[i] = int64_t(i);
-    checkStepReady(*o, all);
-    if (o->dp) {
-      // Data parallel: the ranks agree on the step (policy, clipping,
-      // hyper-parameters, counter) and on skipping it; then the gradients
-      // are averaged.
-      flashopt::dist::DataParallel::StepView view;
-      view.skip_policy = o->policy == FLASHOPT_NONFINITE_SKIP;
-      view.finite = !view.skip_policy || gradsFinite(*o, all);
-      view.max_grad_norm = o->maxGradNorm;
-      view.hyper_hash = hashFloats(o->opt->hyper_table());
-      view.step = o->globalStep;
-      Expected<bool> skip = o->dp->agree(view);
-      if (!skip) {
-        o->dp->step_done();
-        fail(skip.error().find("disagree") != std::string::npos
-                 ? FLASHOPT_ERROR_MISMATCH
-                 : FLASHOPT_ERROR_COMM,
-             skip.error());
-      }
-      if (*skip) {
-        o->dp->step_done();
-        ++o->skipped;
-        return;
-      }
-      Status r = o->dp->reduce_remaining(*o->opt);
-      o->dp->step_done();
-      if (!r)
-        fail(FLASHOPT_ERROR_COMM, r.message());
-    } else if (o->policy == FLASHOPT_NONFINITE_SKIP && !gradsFinite(*o, all)) {
-      ++o->skipped;
-      return;
-    }
-    // Clipping folds its factor into grad_scale for this step only.
-    std::vector<float> saved = applyClipping(*o);
-    // One kernel call per distinct step counter (one when all are equal).
-    std::map<int64_t, std::vector<int64_t>> byStep;
-    for (size_t i = 0; i < o->params.size(); ++i)
-      byStep[o->params[i].step].push_back(int64_t(i));
-    for (const auto &kv : byStep) {
-      Status s = o->opt->step_tensors(kv.second, kv.first + 1);
-      if (!s) {
-        restoreGradScales(*o, saved);
-        stepFailure(*o, s);
-      }
-    }
-    restoreGradScales(*o, saved);
-    for (ParamRec &p : o->params)
-      ++p.step;
-    ++o->globalStep;
-    o->opt->set_step_count(o->globalStep);
-  });
-}
-
-flashopt_status flashopt_step_param(flashopt_optimizer opt, int64_t index) {
-  return guard("flashopt_step_param", [&] {
-    Locked o(opt);
-    checkIndex(*o, index);
-    if (o->maxGradNorm > 0.0)
-      fail(FLASHOPT_ERROR_STATE,
-           o->describe(index) + ": gradient release is not possible with "
-                                "gradient-norm clipping (it needs every "
-                                "gradient first)");
-    if (o->dp)
-      fail(FLASHOPT_ERROR_STATE,
-           o->describe(index) + ": gradient release is not possible with "
-                                "replicated data parallelism (the gradients "
-                                "are averaged over the ranks in flashopt_step)");
-    std::vector<int64_t> one{index};
-    checkStepReady(*o, one);
-    if (o->policy == FLASHOPT_NONFINITE_SKIP && !gradsFinite(*o, one)) {
-      ++o->skipped;
-      return;
-    }
-    ParamRec &p = o->params[size_t(index)];
-    Status s = o->opt->step_tensors(one, p.step + 1);
-    if (!s)
-      stepFailure(*o, s);
-    ++p.step;
-  });
-}
-
-flashopt_status flashopt_set_max_grad_norm(flashopt_optimizer opt,
-                                           double max_norm) {
-  return guard("flashopt_set_max_grad_norm", [&] {
-    Locked o(opt);
-    if (!std::isfinite(max_norm) || max_norm < 0.0)
-      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           "max_norm must be finite and >= 0 (0 turns clipping off), got " +
-               fmt(max_norm));
-    if (max_norm > 0.0 && o->isGpu())
-      fail(FLASHOPT_ERROR_UNSUPPORTED,
-           "gradient-norm clipping is not supported on CUDA contexts yet (it "
-           "needs a device-side reduction)");
-    if (max_norm > 0.0 &&
-        o->m->hyper_index(flashopt::abi::kGradScaleHyper) < 0)
-      fail(FLASHOPT_ERROR_UNSUPPORTED,
-           o->m->name + " has no \"grad_scale\" hyper-parameter (a bundle "
-                        "from an older flashopt-gen): regenerate it");
-    o->maxGradNorm = max_norm;
-    if (max_norm == 0.0)
-      o->lastGradNorm = -1.0;
-  });
-}
-
-flashopt_status flashopt_get_grad_norm(flashopt_optimizer opt, double *out) {
-  return guard("flashopt_get_grad_norm", [&] {
-    needOut(out, "out");
-    Locked o(opt);
-    *out = o->lastGradNorm;
-  });
-}
-
-flashopt_status flashopt_get_step(flashopt_optimizer opt, int64_t index,
-                                  int64_t *out) {
-  return guard("flashopt_get_step", [&] {
-    needOut(out, "out");
-    Locked o(opt);
-    if (index == -1) {
-      *out = o->globalStep;
-      return;
-    }
-    checkIndex(*o, index);
-    *out = o->params[size_t(index)].step;
-  });
-}
-
-flashopt_status
-flashopt_set_nonfinite_policy(flashopt_optimizer opt,
-                              flashopt_nonfinite_policy policy) {
-  return guard("flashopt_set_nonfinite_policy", [&] {
-    Locked o(opt);
-    if (policy != FLASHOPT_NONFINITE_PROPAGATE &&
-        policy != FLASHOPT_NONFINITE_SKIP)
-      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           "unknown policy " + std::to_string(int(policy)));
-    if (policy == FLASHOPT_NONFINITE_SKIP && o->isGpu())
-      fail(FLASHOPT_ERROR_UNSUPPORTED,
-           "FLASHOPT_NONFINITE_SKIP is not supported on CUDA contexts yet "
-           "(it needs a device-side gradient scan)");
-    o->policy = policy;
-  });
-}
-
-flashopt_status flashopt_get_skipped_steps(flashopt_optimizer opt,
-                                           int64_t *out) {
-  return guard("flashopt_get_skipped_steps", [&] {
-    needOut(out, "out");
-    Locked o(opt);
-    *out = o->skipped;
-  });
-}
-
-flashopt_status flashopt_synchronize(flashopt_optimizer opt) {
-  return guard("flashopt_synchronize", [&] {
-    Locked o(opt);
-    Status s = o->opt->synchronize();
-    if (!s)
-      fail(o->deviceError(), s.message());
-  });
-}
-
-// ---- memory report
-// ------------------------------------------------------------------
-
-flashopt_status flashopt_memory_report_get(flashopt_optimizer opt,
-                                           flashopt_memory_report *out) {
-  return guard("flashopt_memory_report_get", [&] {
-    needOut(out, "out");
-    Locked o(opt);
-    BytesReport b = o->opt->bytes();
-    flashopt_memory_report r{};
-    r.numel = b.numel;
-    r.param_bytes = b.param;
-    r.correction_bytes = b.correction;
-    r.grad_bytes = b.grad;
-    r.state_bytes = b.states;
-    r.total_bytes = b.total;
-    r.total_bytes_with_grad_release = b.total_with_grad_release;
-    r.allocated_bytes = b.runtime_allocated;
-    r.bytes_per_param = b.numel ? double(b.total) / double(b.numel) : 0.0;
-    r.bytes_per_param_with_grad_release =
-        b.numel ? double(b.total_with_grad_release) / double(b.numel) : 0.0;
-    *out = r;
-  });
-}
-
-// ---- master weights and numerics
-// ---------------------------------------------------
-
-namespace {
-/// Fails unless `index` is a parameter of `numel` elements.
-void checkNumel(const OptObj &o, int64_t index, int64_t numel) {
-  checkIndex(o, index);
-  if (numel != o.params[size_t(index)].numel)
-    fail(FLASHOPT_ERROR_SIZE, o.describe(index) + ": numel " +
-                                  std::to_string(numel) + ", but it has " +
-                                  std::to_string(o.params[size_t(index)].numel));
-}
-} // namespace
-
-flashopt_status flashopt_export_master_f32(flashopt_optimizer opt,
-                                           int64_t index, float *out,
-                                           int64_t numel) {
-  return guard("flashopt_export_master_f32", [&] {
-    needOut(out, "out");
-    Locked o(opt);
-    checkNumel(*o, index, numel);
-    std::vector<float> v = exportMaster(*o, index);
-    std::memcpy(out, v.data(), v.size() * sizeof(float));
-  });
-}
-
-flashopt_status flashopt_import_master_f32(flashopt_optimizer opt,
-                                           int64_t index, const float *in,
-                                           int64_t numel) {
-  return guard("flashopt_import_master_f32", [&] {
-    needOut(in, "in");
-    Locked o(opt);
-    checkNumel(*o, index, numel);
-    checkMasterFits(*o, index, in, FLASHOPT_ERROR_INVALID_ARGUMENT,
-                    "flashopt_import_master_f32");
-    importMaster(*o, index, in);
-  });
-}
-
-flashopt_status flashopt_check_numerics(flashopt_optimizer opt,
-                                        flashopt_numerics_report *out) {
-  return guard("flashopt_check_numerics", [&] {
-    Locked o(opt);
-    const Manifest &m = *o->m;
-    flashopt_numerics_report r{};
-    r.first_param = -1;
-    r.first_group = -1;
-    // numerics.md §4.3: bits of the master weight, mantissa bits M that
-    // survive, the step needed to move max|w|, and the step lr * k gives.
-    int bits = 8 * (dtype_size(m.param) +
-                    (m.correction ? dtype_size(*m.correction) : 0));
-    double M = double(bits - 1 - exponentBits(m.param)) + std::log2(0.49);
-    double k = (m.rule == "adam" || m.rule == "adamw") ? 0.1 : 1.0;
-    int lrIndex = m.hyper_index("lr");
-    std::string firstNonfinite, firstSmall;
-    for (size_t i = 0; i < o->params.size(); ++i) {
-      ++r.params_checked;
-      std::vector<float> w = exportMaster(*o, int64_t(i));
-      double maxabs = 0;
-      bool finite = true;
-      for (float x : w) {
-        if (!std::isfinite(x)) {
-          finite = false;
-          break;
-        }
-        maxabs = std::max(maxabs, double(std::fabs(x)));
-      }
-      if (!finite) {
-        if (r.nonfinite_params++ == 0)
-          firstNonfinite = o->describe(int64_t(i)) + " holds NaN or Inf";
-        continue;
-      }
-      if (lrIndex < 0 || maxabs <= 0)
-        continue;
-      const ParamRec &p = o->params[i];
-      double lr = double(
-          o->opt->hyper_table()[size_t(p.group) * m.hypers.size() + size_t(lrIndex)]);
-      if (lr <= 0)
-        continue;
-      double need = std::floor(std::log2(maxabs)) - M;
-      double have = std::log2(lr * k);
-      if (need > have) {
-        if (r.params_too_small++ == 0) {
-          r.first_param = int64_t(i);
-          r.first_group = p.group;
-          r.max_abs = maxabs;
-          r.lr = lr;
-          r.min_lr = std::exp2(need) / k;
-          firstSmall =
-              o->describe(int64_t(i)) + " in param group " +
-              std::to_string(p.group) + ": lr " + fmt(lr) +
-              " cannot move its largest weight (max |w| = " + fmt(maxabs) +
-              ") with " + std::to_string(bits) +
-              "-bit master weights; the smallest lr that does is " +
-              fmt(r.min_lr);
-        }
-      }
-    }
-    if (out)
-      *out = r;
-    if (r.params_too_small || r.nonfinite_params) {
-      std::string msg = !firstSmall.empty() ? firstSmall : firstNonfinite;
-      if (r.params_too_small > 1)
-        msg += " (and " + std::to_string(r.params_too_small - 1) +
-               " more parameters)";
-      if (!firstSmall.empty() && r.nonfinite_params)
-        msg += "; " + firstNonfinite;
-      fail(FLASHOPT_ERROR_NUMERICS, msg);
-    }
-  });
-}
-
-// ---- checkpoints
-// ----------------------------------------------------------------------
-
-flashopt_status flashopt_save_checkpoint(flashopt_optimizer opt,
-                                         const char *path,
-                                         flashopt_checkpoint_format format) {
-  return guard("flashopt_save_checkpoint", [&] {
-    needOut(path, "path");
-    if (format != FLASHOPT_CHECKPOINT_COMPRESSED &&
-        format != FLASHOPT_CHECKPOINT_F32)
-      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           "unknown checkpoint format " + std::to_string(int(format)));
-    Locked o(opt);
-    saveCheckpoint(*o, path, format);
-  });
-}
-
-flashopt_status flashopt_load_checkpoint(flashopt_optimizer opt,
-                                         const char *path) {
-  return guard("flashopt_load_checkpoint", [&] {
-    needOut(path, "path");
-    Locked o(opt);
-    loadCheckpoint(*o, path);
   });
 }
 

@@ -1,0 +1,173 @@
+//===- StateApi.cpp - The C ABI: master weights, numerics, checkpoints -----===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// fp32 master weights in and out, check_numerics (numerics.md §4.3), and
+/// checkpoint save/load (capi/Checkpoint.cpp does the work).
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/flashopt.h"
+
+#include "Checkpoint.h"
+#include "Errors.h"
+#include "Handles.h"
+#include "MasterWeights.h"
+#include "Objects.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+using namespace flashopt::capi;
+
+namespace {
+/// numerics.md §4.3: the exponent bits of a parameter dtype.
+int exponentBits(DType t) { return t == DType::F16 ? 5 : 8; }
+} // namespace
+
+extern "C" {
+
+// ---- master weights and numerics
+// ---------------------------------------------------
+
+namespace {
+/// Fails unless `index` is a parameter of `numel` elements.
+void checkNumel(const OptObj &o, int64_t index, int64_t numel) {
+  checkIndex(o, index);
+  if (numel != o.params[size_t(index)].numel)
+    fail(FLASHOPT_ERROR_SIZE, o.describe(index) + ": numel " +
+                                  std::to_string(numel) + ", but it has " +
+                                  std::to_string(o.params[size_t(index)].numel));
+}
+} // namespace
+
+flashopt_status flashopt_export_master_f32(flashopt_optimizer opt,
+                                           int64_t index, float *out,
+                                           int64_t numel) {
+  return guard("flashopt_export_master_f32", [&] {
+    needOut(out, "out");
+    Locked o(opt);
+    checkNumel(*o, index, numel);
+    std::vector<float> v = exportMaster(*o, index);
+    std::memcpy(out, v.data(), v.size() * sizeof(float));
+  });
+}
+
+flashopt_status flashopt_import_master_f32(flashopt_optimizer opt,
+                                           int64_t index, const float *in,
+                                           int64_t numel) {
+  return guard("flashopt_import_master_f32", [&] {
+    needOut(in, "in");
+    Locked o(opt);
+    checkNumel(*o, index, numel);
+    checkMasterFits(*o, index, in, FLASHOPT_ERROR_INVALID_ARGUMENT,
+                    "flashopt_import_master_f32");
+    importMaster(*o, index, in);
+  });
+}
+
+flashopt_status flashopt_check_numerics(flashopt_optimizer opt,
+                                        flashopt_numerics_report *out) {
+  return guard("flashopt_check_numerics", [&] {
+    Locked o(opt);
+    const Manifest &m = *o->m;
+    flashopt_numerics_report r{};
+    r.first_param = -1;
+    r.first_group = -1;
+    // numerics.md §4.3: bits of the master weight, mantissa bits M that
+    // survive, the step needed to move max|w|, and the step lr * k gives.
+    int bits = 8 * (dtype_size(m.param) +
+                    (m.correction ? dtype_size(*m.correction) : 0));
+    double M = double(bits - 1 - exponentBits(m.param)) + std::log2(0.49);
+    double k = (m.rule == "adam" || m.rule == "adamw") ? 0.1 : 1.0;
+    int lrIndex = m.hyper_index("lr");
+    std::string firstNonfinite, firstSmall;
+    for (size_t i = 0; i < o->params.size(); ++i) {
+      ++r.params_checked;
+      std::vector<float> w = exportMaster(*o, int64_t(i));
+      double maxabs = 0;
+      bool finite = true;
+      for (float x : w) {
+        if (!std::isfinite(x)) {
+          finite = false;
+          break;
+        }
+        maxabs = std::max(maxabs, double(std::fabs(x)));
+      }
+      if (!finite) {
+        if (r.nonfinite_params++ == 0)
+          firstNonfinite = o->describe(int64_t(i)) + " holds NaN or Inf";
+        continue;
+      }
+      if (lrIndex < 0 || maxabs <= 0)
+        continue;
+      const ParamRec &p = o->params[i];
+      double lr = double(
+          o->opt->hyper_table()[size_t(p.group) * m.hypers.size() + size_t(lrIndex)]);
+      if (lr <= 0)
+        continue;
+      double need = std::floor(std::log2(maxabs)) - M;
+      double have = std::log2(lr * k);
+      if (need > have) {
+        if (r.params_too_small++ == 0) {
+          r.first_param = int64_t(i);
+          r.first_group = p.group;
+          r.max_abs = maxabs;
+          r.lr = lr;
+          r.min_lr = std::exp2(need) / k;
+          firstSmall =
+              o->describe(int64_t(i)) + " in param group " +
+              std::to_string(p.group) + ": lr " + fmt(lr) +
+              " cannot move its largest weight (max |w| = " + fmt(maxabs) +
+              ") with " + std::to_string(bits) +
+              "-bit master weights; the smallest lr that does is " +
+              fmt(r.min_lr);
+        }
+      }
+    }
+    if (out)
+      *out = r;
+    if (r.params_too_small || r.nonfinite_params) {
+      std::string msg = !firstSmall.empty() ? firstSmall : firstNonfinite;
+      if (r.params_too_small > 1)
+        msg += " (and " + std::to_string(r.params_too_small - 1) +
+               " more parameters)";
+      if (!firstSmall.empty() && r.nonfinite_params)
+        msg += "; " + firstNonfinite;
+      fail(FLASHOPT_ERROR_NUMERICS, msg);
+    }
+  });
+}
+
+// ---- checkpoints
+// ----------------------------------------------------------------------
+
+flashopt_status flashopt_save_checkpoint(flashopt_optimizer opt,
+                                         const char *path,
+                                         flashopt_checkpoint_format format) {
+  return guard("flashopt_save_checkpoint", [&] {
+    needOut(path, "path");
+    if (format != FLASHOPT_CHECKPOINT_COMPRESSED &&
+        format != FLASHOPT_CHECKPOINT_F32)
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+           "unknown checkpoint format " + std::to_string(int(format)));
+    Locked o(opt);
+    saveCheckpoint(*o, path, format);
+  });
+}
+
+flashopt_status flashopt_load_checkpoint(flashopt_optimizer opt,
+                                         const char *path) {
+  return guard("flashopt_load_checkpoint", [&] {
+    needOut(path, "path");
+    Locked o(opt);
+    loadCheckpoint(*o, path);
+  });
+}
+
+} // extern "C"
