@@ -670,6 +670,22 @@ def _check_betas(betas, eps=None):
         raise ValueError(f"Invalid epsilon value: {eps}")
 
 
+class _DecoupledDecay:
+    """The hyper-parameters of decoupled weight decay (SGDW, AdamW; Lion
+    spells them in its own flat list):
+    decouple_lr and the initial_lr that weight decay is scaled by."""
+
+    def _hypers(self, g):
+        h = super()._hypers(g)
+        h["decouple_lr"] = 1.0 if g["decouple_lr"] else 0.0
+        h["initial_lr"] = _float(g.get("initial_lr", g["lr"]))
+        return h
+
+    def _group_from_hypers(self, g, v):
+        super()._group_from_hypers(g, v)
+        g["decouple_lr"], g["initial_lr"] = bool(v["decouple_lr"]), v["initial_lr"]
+
+
 class FlashSGD(FlashOptimizer):
     """torch.optim.SGD (coupled L2 weight decay, momentum, dampening, Nesterov)."""
 
@@ -703,7 +719,7 @@ class FlashSGD(FlashOptimizer):
         g["weight_decay"], g["nesterov"] = v["weight_decay"], bool(v["nesterov"])
 
 
-class FlashSGDW(FlashSGD):
+class FlashSGDW(_DecoupledDecay, FlashSGD):
     """SGD with decoupled weight decay: θ ← θ·(1 − lr·wd) (or (1 − lr/initial_lr·wd)
     with decouple_lr=True), then the SGD update without L2 term."""
 
@@ -717,15 +733,6 @@ class FlashSGDW(FlashSGD):
     def _extra_defaults(self):
         return {"decouple_lr": self._decouple_lr}
 
-    def _hypers(self, g):
-        h = super()._hypers(g)
-        h["decouple_lr"] = 1.0 if g["decouple_lr"] else 0.0
-        h["initial_lr"] = _float(g.get("initial_lr", g["lr"]))
-        return h
-
-    def _group_from_hypers(self, g, v):
-        super()._group_from_hypers(g, v)
-        g["decouple_lr"], g["initial_lr"] = bool(v["decouple_lr"]), v["initial_lr"]
 
 
 class FlashAdam(FlashOptimizer):
@@ -761,7 +768,7 @@ class FlashAdam(FlashOptimizer):
         g["weight_decay"] = v["weight_decay"]
 
 
-class FlashAdamW(FlashAdam):
+class FlashAdamW(_DecoupledDecay, FlashAdam):
     """torch.optim.AdamW (decoupled weight decay θ·(1 − lr·wd), default 1e-2;
     decouple_lr=True: θ·(1 − lr/initial_lr·wd), FlashOptim's option)."""
 
@@ -773,15 +780,6 @@ class FlashAdamW(FlashAdam):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
                          decouple_lr=bool(decouple_lr), **kw)
 
-    def _hypers(self, g):
-        h = super()._hypers(g)
-        h["decouple_lr"] = 1.0 if g["decouple_lr"] else 0.0
-        h["initial_lr"] = _float(g.get("initial_lr", g["lr"]))
-        return h
-
-    def _group_from_hypers(self, g, v):
-        super()._group_from_hypers(g, v)
-        g["decouple_lr"], g["initial_lr"] = bool(v["decouple_lr"]), v["initial_lr"]
 
 
 class FlashLion(FlashOptimizer):
