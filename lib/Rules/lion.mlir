@@ -25,7 +25,11 @@ flashopt.optimizer @lion param(#flashopt.master<bf16, correction = i8>) grad(bf1
     %pos = arith.cmpf ogt, %c, %zero : f32
     %neg = arith.cmpf olt, %c, %zero : f32
     %s_neg = arith.select %neg, %minus_one, %zero : f32
-    %u = arith.select %pos, %one, %s_neg : f32
+    %u_num = arith.select %pos, %one, %s_neg : f32
+    // sign(NaN) = NaN (docs/NUMERICS.md §5): a NaN gradient makes its weight
+    // NaN, visibly, instead of freezing it with a finite value.
+    %c_nan = arith.cmpf uno, %c, %c : f32
+    %u = arith.select %c_nan, %c, %u_num : f32
     %m_b2 = arith.mulf %m, %beta2 : f32
     %g_b2 = arith.mulf %g, %omb2 : f32
     %m_new = arith.addf %m_b2, %g_b2 : f32

@@ -414,7 +414,8 @@ struct Rule {
       float mb1 = s[0] * H("beta1");
       float gb1 = g * omb1;
       float c = mb1 + gb1;
-      float u = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : 0.0f);
+      // sign(NaN) = NaN (docs/NUMERICS.md §5).
+      float u = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : (c == c ? 0.0f : c));
       float mb2 = s[0] * H("beta2");
       float gb2 = g * omb2;
       s[0] = mb2 + gb2;

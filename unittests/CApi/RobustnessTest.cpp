@@ -810,6 +810,51 @@ TEST_CASE("robustness: SKIP leaves everything bit-identical on a NaN or Inf "
   }
 }
 
+TEST_CASE("robustness: one NaN contract for every rule under PROPAGATE: the "
+          "NaN element's weight goes NaN at once, its state group at the next "
+          "step, and check_numerics reports it") {
+  // Issue 12: Lion's sign(NaN) = 0 kept the weight finite while its 32-element
+  // momentum group turned NaN for good (frozen weights, nothing reported).
+  for (std::string spec : {"adamw_bf16_m24", "sgd_bf16", "sgd_bf16+momentum",
+                           "lion_bf16", "lion_bf16_m24"}) {
+    CAPTURE(spec);
+    bool momentum = has(spec, "+momentum");
+    bool stateless = spec == "sgd_bf16";
+    Opt o(100, 1, spec.substr(0, spec.find('+')));
+    if (momentum) // SGD's momentum buffer is what carries the NaN onwards
+      REQUIRE(flashopt_set_hyper(o.opt, 0, "momentum", 0.9) == FLASHOPT_OK);
+    auto *w = reinterpret_cast<uint16_t *>(o.param.p);
+    auto *g = reinterpret_cast<uint16_t *>(o.grad.p);
+    auto isNan = [](uint16_t b) { return (b & 0x7FFF) > 0x7F80; };
+    auto nanCount = [&] {
+      int64_t k = 0;
+      for (int64_t i = 0; i < o.n; ++i)
+        k += isNan(w[i]);
+      return k;
+    };
+    g[42] = f32_to_bf16(NAN);
+    REQUIRE(flashopt_set_nonfinite_policy(o.opt, FLASHOPT_NONFINITE_PROPAGATE) ==
+            FLASHOPT_OK);
+    REQUIRE_MESSAGE(flashopt_step(o.opt) == FLASHOPT_OK, err());
+    // The weight of the NaN element is NaN (the canonical one), and only it.
+    CHECK(w[42] == 0x7FFF);
+    CHECK(nanCount() == 1);
+    flashopt_numerics_report rep{};
+    CHECK(flashopt_check_numerics(o.opt, &rep) == FLASHOPT_ERROR_NUMERICS);
+    CHECK(rep.nonfinite_params == 1);
+    // A finite gradient again: every weight sharing the NaN element's state
+    // group (elements 32..63; SGD without momentum reads none) is NaN now,
+    // and the others moved on finite.
+    g[42] = f32_to_bf16(0.01f);
+    REQUIRE_MESSAGE(flashopt_step(o.opt) == FLASHOPT_OK, err());
+    for (int64_t i = 0; i < o.n; ++i) {
+      bool inGroup = i / 32 == 42 / 32;
+      CAPTURE(i);
+      CHECK(isNan(w[i]) == (i == 42 || (inGroup && !stateless)));
+    }
+  }
+}
+
 TEST_CASE("robustness: a state allocation that fails is OUT_OF_MEMORY with "
           "nothing half-registered") {
   Opt o(64, 1);
