@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Runs one libFuzzer target for SECONDS (default 60):
-#   scripts/fuzz.sh manifest|spec|checkpoint SECONDS [libFuzzer flags...]
+#   scripts/fuzz.sh manifest|spec|checkpoint|dialect SECONDS [libFuzzer flags...]
 # Builds build-fuzz/ first (MLIR-free parts only, clang-22 with libFuzzer,
-# ASan and UBSan: FLASHOPT_RUNTIME_ONLY=ON FLASHOPT_FUZZ=ON). The checkpoint
+# ASan and UBSan: FLASHOPT_RUNTIME_ONLY=ON FLASHOPT_FUZZ=ON); the dialect
+# target builds build-fuzz-mlir/ instead (a full configure, but only the
+# dialect library and the target are compiled; libMLIR itself is Debian's,
+# uninstrumented, so coverage guides through flashopt's parsers and
+# verifiers, while ASan still sees every access from them). The checkpoint
 # target loads the adamw_bf16_m24 bundle of a full build (build/kernels, or
 # FLASHOPT_FUZZ_KERNELS). Seeds: fuzz/corpus/TARGET (read only); what the run
 # adds goes to build-fuzz/fuzz-corpus/TARGET, crashes to
@@ -11,7 +15,7 @@
 # Needs: apt-get install clang-22 libclang-rt-22-dev.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGET="${1:?usage: scripts/fuzz.sh manifest|spec|checkpoint SECONDS [flags...]}"
+TARGET="${1:?usage: scripts/fuzz.sh manifest|spec|checkpoint|dialect SECONDS [flags...]}"
 SECONDS_TO_RUN="${2:-60}"
 shift $(( $# >= 2 ? 2 : 1 ))
 BUILD="${FLASHOPT_FUZZ_BUILD:-build-fuzz}"
@@ -20,14 +24,18 @@ CXX_BIN="${FLASHOPT_FUZZ_CXX:-clang++-22}"
 CC_BIN="${FLASHOPT_FUZZ_CC:-clang-22}"
 case "$TARGET" in
   manifest|spec|checkpoint) ;;
-  *) echo "fuzz.sh: unknown target '$TARGET' (manifest, spec, checkpoint)" >&2; exit 2 ;;
+  dialect) BUILD="${FLASHOPT_FUZZ_MLIR_BUILD:-build-fuzz-mlir}" ;;
+  *) echo "fuzz.sh: unknown target '$TARGET' (manifest, spec, checkpoint, dialect)" >&2; exit 2 ;;
 esac
 command -v "$CXX_BIN" >/dev/null || {
   echo "fuzz.sh: $CXX_BIN not found (apt-get install clang-22 libclang-rt-22-dev)" >&2; exit 2; }
+RUNTIME_ONLY=ON
+[[ "$TARGET" == dialect ]] && RUNTIME_ONLY=OFF
 if [[ ! -f "$BUILD/build.ninja" ]]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_COMPILER="$CC_BIN" -DCMAKE_CXX_COMPILER="$CXX_BIN" \
-    -DFLASHOPT_RUNTIME_ONLY=ON -DFLASHOPT_FUZZ=ON -DFLASHOPT_BUILD_UNITTESTS=OFF \
+    -DFLASHOPT_RUNTIME_ONLY=$RUNTIME_ONLY -DFLASHOPT_FUZZ=ON -DFLASHOPT_BUILD_UNITTESTS=OFF \
+    -DFLASHOPT_BUILD_BENCH=OFF -DFLASHOPT_BUILD_EXAMPLES=OFF \
     -DFLASHOPT_FUZZ_KERNELS="$KERNELS" >/dev/null
 fi
 cmake --build "$BUILD" -j "${FLASHOPT_JOBS:-2}" --target "$TARGET-fuzzer"
