@@ -123,4 +123,82 @@ std::string kernel_abi_description(const Manifest &m) {
   return s;
 }
 
+std::string ptx_kernel_abi_global(const std::string &kernelSymbol,
+                                  const std::string &description) {
+  std::string bytes;
+  for (unsigned char c : description)
+    bytes += std::to_string(unsigned(c)) + ",";
+  bytes += "0";
+  return "// The manifest this kernel was compiled for (docs/KERNEL-ABI.md).\n"
+         ".visible .global .align 1 .b8 " +
+         kernelSymbol + kKernelAbiSymbolSuffix + "[" +
+         std::to_string(description.size() + 1) + "] = {" + bytes + "};\n";
+}
+
+namespace {
+constexpr std::string_view kAbiPrefix = "flashopt-kernel-abi ";
+constexpr size_t kMaxAbiDescription = 65536;
+} // namespace
+
+std::optional<std::string> find_kernel_abi_description(std::string_view bytes) {
+  // A shared object or a cubin: the raw NUL-terminated string.
+  if (size_t at = bytes.find(kAbiPrefix); at != std::string_view::npos) {
+    size_t end = bytes.find('\0', at);
+    if (end == std::string_view::npos || end - at > kMaxAbiDescription)
+      return std::nullopt;
+    return std::string(bytes.substr(at, end - at));
+  }
+  // A PTX file: the decimal bytes of the `S__abi` global.
+  const std::string marker = std::string(kKernelAbiSymbolSuffix) + "[";
+  for (size_t at = bytes.find(".global"); at != std::string_view::npos;
+       at = bytes.find(".global", at + 1)) {
+    // Only a declaration: the line holds nothing before it but `.visible`
+    // (a commented-out declaration is no description).
+    size_t bol = bytes.rfind('\n', at);
+    bol = bol == std::string_view::npos ? 0 : bol + 1;
+    std::string_view before = bytes.substr(bol, at - bol);
+    while (!before.empty() && (before.front() == ' ' || before.front() == '\t'))
+      before.remove_prefix(1);
+    if (!before.empty() && before != ".visible ")
+      continue;
+    size_t line = bytes.find('\n', at);
+    std::string_view decl = bytes.substr(at, line == std::string_view::npos
+                                                 ? std::string_view::npos
+                                                 : line - at);
+    size_t m = decl.find(marker);
+    size_t open = decl.find('{');
+    size_t close = decl.find('}');
+    if (m == std::string_view::npos || open == std::string_view::npos ||
+        close == std::string_view::npos || close < open)
+      continue;
+    std::string out;
+    unsigned value = 0;
+    bool digits = false;
+    for (size_t i = open + 1; i <= close; ++i) {
+      char c = decl[i];
+      if (c >= '0' && c <= '9') {
+        value = value * 10 + unsigned(c - '0');
+        digits = true;
+        if (value > 255)
+          return std::nullopt;
+      } else if (c == ',' || c == '}') {
+        if (!digits)
+          return std::nullopt;
+        if (value == 0)
+          break; // the terminating NUL
+        out.push_back(char(value));
+        value = 0;
+        digits = false;
+        if (out.size() > kMaxAbiDescription)
+          return std::nullopt;
+      } else if (c != ' ') {
+        return std::nullopt;
+      }
+    }
+    if (out.rfind(kAbiPrefix, 0) == 0)
+      return out;
+  }
+  return std::nullopt;
+}
+
 } // namespace flashopt::abi

@@ -403,6 +403,18 @@ driver::buildBundle(const CompileJob &job,
     auto ptx = emitPTXText(job, chip, options);
     if (!ptx)
       return ptx.takeError();
+    // The kernel's ABI description as a module-scope global after the
+    // header (the PTX and the cubin ptxas makes of it both carry it), which
+    // the runtime checks against the manifest it is given, as for the CPU.
+    {
+      size_t header = ptx->find(".address_size");
+      size_t eol = header == std::string::npos ? header : ptx->find('\n', header);
+      if (eol == std::string::npos)
+        return makeError("lowering " + name + " to " + chip +
+                         ": the PTX has no .address_size line");
+      ptx->insert(eol + 1, "\n" + abi::ptx_kernel_abi_global(
+                                     name, abi::kernel_abi_description(info)));
+    }
     std::string base = name + "." + chip;
     llvm::SmallString<256> ptxPath(tmpDir);
     llvm::sys::path::append(ptxPath, base + ".ptx");

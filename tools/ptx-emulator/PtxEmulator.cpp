@@ -653,9 +653,16 @@ struct Parser {
         *target = until('\n');
         ++line;
       } else if (w == ".visible" || w == ".entry") {
-        if (w == ".visible" && word() != ".entry")
-          fail(at, "only .entry functions are implemented");
-        out->push_back(parseEntry());
+        std::string next = w == ".visible" ? word() : ".entry";
+        if (next == ".global") {
+          // Initialized module data (the kernel ABI description): kept as
+          // text, never read by a kernel here.
+          until(';');
+        } else if (next != ".entry") {
+          fail(at, "only .entry functions and .global data are implemented");
+        } else {
+          out->push_back(parseEntry());
+        }
       } else if (w.empty()) {
         fail(at, std::string("unexpected character '") + src[pos] + "'");
       } else {

@@ -158,3 +158,34 @@ TEST_CASE("every default CPU flavour names only known CPU features") {
   CHECK(default_x86_cpu_flavours().back().features.empty());
   CHECK_FALSE(is_known_cpu_feature("quantum-entanglement"));
 }
+
+TEST_CASE("the kernel ABI description is found in a PTX global, a cubin or a "
+          "shared object, and nowhere else") {
+  using flashopt::abi::find_kernel_abi_description;
+  using flashopt::abi::ptx_kernel_abi_global;
+  const std::string desc =
+      "flashopt-kernel-abi 1; group_size 32; hypers lr,grad_scale; buffers "
+      "param:bf16:element:readwrite; record_words 8";
+  std::string ptx = ".version 7.8\n.target sm_90\n.address_size 64\n\n" +
+                    ptx_kernel_abi_global("k", desc) +
+                    "\n.visible .entry k(\n)\n{\n}\n";
+  CHECK(ptx.find(".visible .global .align 1 .b8 k__abi[") != std::string::npos);
+  CHECK(find_kernel_abi_description(ptx) == desc);
+  // Raw bytes (a cubin's initialized data, a shared object's rodata).
+  std::string raw = std::string("\x7f" "ELF", 4) + std::string(3, '\0') + desc +
+                    std::string(1, '\0') + "more";
+  CHECK(find_kernel_abi_description(raw) == desc);
+  // None, a commented-out one, a malformed array, an unterminated string.
+  CHECK_FALSE(find_kernel_abi_description(".visible .entry k()\n{\n}\n"));
+  std::string commented = ptx;
+  commented.replace(commented.find(".visible .global"), 0, "// ");
+  CHECK_FALSE(find_kernel_abi_description(commented));
+  CHECK_FALSE(find_kernel_abi_description(
+      ".visible .global .align 1 .b8 k__abi[3] = {102,999,0};\n"));
+  CHECK_FALSE(find_kernel_abi_description(
+      ".visible .global .align 1 .b8 k__abi[3] = {102,x,0};\n"));
+  CHECK_FALSE(find_kernel_abi_description("flashopt-kernel-abi 1; no NUL"));
+  // Another global that is not the description is skipped.
+  std::string two = ".global .align 4 .u32 other[1] = {7};\n" + ptx;
+  CHECK(find_kernel_abi_description(two) == desc);
+}

@@ -294,7 +294,7 @@ TEST_CASE("robustness: a manifest that disagrees with its kernel is refused") {
 }
 
 TEST_CASE("robustness: a CUDA optimizer checks the manifest against the "
-          "bundle's CPU kernel") {
+          "GPU kernel it loads, with or without a CPU kernel in the bundle") {
   // Over the stand-in driver of unittests/Runtime (no GPU needed).
   setenv("FLASHOPT_CUDA_DRIVER", FLASHOPT_MOCK_CUDA, 1);
   setenv("FLASHOPT_MOCK_CUDA_CC", "9.0", 1);
@@ -310,12 +310,40 @@ TEST_CASE("robustness: a CUDA optimizer checks the manifest against the "
                   err());
   flashopt_optimizer_destroy(opt);
   opt = nullptr;
-  std::string dir = copyBundle("adamw_bf16_m24", "cuda-nohypers");
-  replaceHypers(dir + "/manifest.json", "[]");
+  // A GPU-only bundle (no CPU kernel file to compare with: the check reads
+  // the sm_90 cubin itself), then one with its PTX only (the JIT path).
+  for (bool ptxOnly : {false, true}) {
+    CAPTURE(ptxOnly);
+    std::string dir = copyBundle("adamw_bf16_m24", "cuda-nohypers");
+    for (const auto &e : fs::directory_iterator(dir)) {
+      std::string ext = e.path().extension().string();
+      if (ext == ".so" || (ptxOnly && ext == ".cubin"))
+        fs::remove(e.path());
+    }
+    // Unchanged, it loads.
+    REQUIRE_MESSAGE(flashopt_optimizer_create(gctx, dir.c_str(), &opt) ==
+                        FLASHOPT_OK,
+                    err());
+    flashopt_optimizer_destroy(opt);
+    opt = nullptr;
+    replaceHypers(dir + "/manifest.json", "[]");
+    CHECK(flashopt_optimizer_create(gctx, dir.c_str(), &opt) ==
+          FLASHOPT_ERROR_FORMAT);
+    CHECK(opt == nullptr);
+    CHECK(has(err(), "disagrees with kernel"));
+    CHECK(has(err(), ptxOnly ? ".sm_90.ptx" : ".sm_90.cubin"));
+  }
+  // A PTX without the description (an old or a foreign kernel) is refused.
+  std::string dir = copyBundle("adamw_bf16_m24", "cuda-noabi");
+  for (const auto &e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".cubin")
+      fs::remove(e.path());
+  std::string ptx = dir + "/adamw_bf16_m24.sm_90.ptx";
+  editFile(ptx, ".visible .global", "// .visible .global");
   CHECK(flashopt_optimizer_create(gctx, dir.c_str(), &opt) ==
         FLASHOPT_ERROR_FORMAT);
   CHECK(opt == nullptr);
-  CHECK(has(err(), "disagrees with kernel"));
+  CHECK(has(err(), "has no ABI description"));
   flashopt_context_destroy(gctx);
   unsetenv("FLASHOPT_CUDA_DRIVER");
 }

@@ -95,41 +95,6 @@ Status check_kernel_abi(const Manifest &m, void *handle, const KernelEntry &k,
   return Status::success();
 }
 
-Status check_bundle_kernel_abi(const Manifest &m, const std::string &dir) {
-  const std::string mpath = dir + "/manifest.json";
-  for (const KernelEntry &k : m.kernels) {
-    if (k.target != "cpu")
-      continue;
-    std::string path = (!k.file.empty() && k.file[0] == '/') ? k.file
-                                                             : dir + "/" + k.file;
-    // Read, not dlopen'ed: nothing of the file is mapped or run (a GPU load
-    // must not depend on the CPU kernel being loadable here). The
-    // description is the one NUL-terminated "flashopt-kernel-abi ..." string
-    // of the object's read-only data.
-    std::string bytes, reason;
-    if (abi::read_regular_file(path, uint64_t(1) << 30, bytes, reason) !=
-        abi::FileError::None)
-      continue; // a missing artifact: try the next flavour
-    const std::string prefix = "flashopt-kernel-abi ";
-    size_t at = bytes.find(prefix);
-    if (at == std::string::npos)
-      return Status::error(mpath + ": kernel " + quote(k.file) +
-                           " has no ABI description; rebuild the bundle with "
-                           "this flashopt-gen");
-    size_t end = bytes.find('\0', at);
-    std::string have = bytes.substr(at, end == std::string::npos ? std::string::npos
-                                                                 : end - at);
-    std::string expected = abi::kernel_abi_description(m);
-    if (have != expected)
-      return Status::error(mpath + ": the manifest disagrees with kernel " +
-                           quote(k.file) + ": the kernel was compiled for \"" +
-                           have + "\" but the manifest describes \"" +
-                           expected + "\"");
-    return Status::success();
-  }
-  return Status::success(); // no CPU kernel file to compare with
-}
-
 Bundle::~Bundle() {
   if (handle_)
     dlclose(handle_);

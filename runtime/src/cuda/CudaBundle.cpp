@@ -180,11 +180,6 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
     Expected<Manifest> m = load_manifest(dir + "/manifest.json");
     if (!m)
       return m.status();
-    // The PTX carries no ABI description; the bundle's CPU kernel does, and
-    // was compiled from the same kernel IR: a manifest that disagrees with
-    // it is refused before any launch.
-    if (Status s = check_bundle_kernel_abi(*m, dir); !s)
-      return s;
     const CudaDeviceInfo &info = ctx->info();
     Expected<GpuKernelChoice> choice = select_gpu_kernel(
         *m, info.cc_major, info.cc_minor,
@@ -209,6 +204,21 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
       Expected<std::string> bytes = readFile(path);
       if (!bytes)
         return bytes.status();
+      // The image carries the ABI description of the manifest it was
+      // compiled for (a PTX global, kept in the cubin): a manifest that
+      // disagrees with it is refused before anything is loaded or run.
+      std::optional<std::string> have = abi::find_kernel_abi_description(*bytes);
+      if (!have)
+        return Status::error(dir + "/manifest.json: kernel \"" + file +
+                             "\" has no ABI description; rebuild the bundle "
+                             "with this flashopt-gen");
+      std::string expected = abi::kernel_abi_description(b->manifest_);
+      if (*have != expected)
+        return Status::error(dir + "/manifest.json: the manifest disagrees "
+                             "with kernel \"" + file +
+                             "\": the kernel was compiled for \"" + *have +
+                             "\" but the manifest describes \"" + expected +
+                             "\"");
       if (ptx)
         bytes->push_back('\0');
       static constexpr size_t kLog = 16384;

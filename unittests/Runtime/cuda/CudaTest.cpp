@@ -16,6 +16,7 @@
 ///
 //===----------------------------------------------------------------------===//
 
+#include "flashopt/abi/Manifest.h"
 #include "flashopt/host/CudaOptimizer.h"
 #include "flashopt/host/CpuOptimizer.h"
 
@@ -560,10 +561,16 @@ std::string mockBundle(const std::string &name, const std::string &cubin) {
                     "/manifest.json " FLASHOPT_FAKE_SGD_BUNDLE "/*.so " +
                     dir;
   REQUIRE(std::system(cmd.c_str()) == 0);
+  // Every GPU image carries the ABI description of its manifest (the
+  // runtime checks it before loading): a PTX global, raw bytes in a cubin.
+  auto manifest = flashopt::abi::load_manifest(dir + "/manifest.json");
+  REQUIRE_MESSAGE(manifest.ok(), manifest.error());
+  const std::string abiText = flashopt::abi::kernel_abi_description(*manifest);
   {
     std::ofstream ptx(dir + "/fake_sgd.sm_90.ptx");
     ptx << ".version 7.8\n.target sm_90\n.address_size 64\n"
-           ".visible .entry fake_sgd_step(\n)\n{\n}\n";
+        << flashopt::abi::ptx_kernel_abi_global("fake_sgd_step", abiText)
+        << ".visible .entry fake_sgd_step(\n)\n{\n}\n";
   }
   if (!cubin.empty()) {
     std::ifstream in(dir + "/manifest.json");
@@ -576,7 +583,8 @@ std::string mockBundle(const std::string &name, const std::string &cubin) {
     REQUIRE(at != std::string::npos);
     text.insert(at + key.size(), " \"cubin\": \"fake_sgd.sm_90.cubin\",");
     std::ofstream(dir + "/manifest.json") << text;
-    std::ofstream(dir + "/fake_sgd.sm_90.cubin", std::ios::binary) << cubin;
+    std::ofstream(dir + "/fake_sgd.sm_90.cubin", std::ios::binary)
+        << cubin << abiText << '\0';
   }
   return dir;
 }

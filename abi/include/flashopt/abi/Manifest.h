@@ -182,6 +182,19 @@ inline constexpr const char *kKernelAbiSymbolSuffix = "__abi";
 /// disagrees with its kernel is an error before anything runs.
 std::string kernel_abi_description(const Manifest &m);
 
+/// The same description as a PTX module-scope global, for the GPU kernels:
+/// `.visible .global .align 1 .b8 S__abi[N] = {...};` (NUL-terminated), which
+/// ptxas keeps in the cubin's initialized data, so a PTX file and a cubin
+/// both carry the description of the manifest they were compiled for.
+std::string ptx_kernel_abi_global(const std::string &kernelSymbol,
+                                  const std::string &description);
+
+/// The kernel ABI description a kernel file carries, or nullopt if it has
+/// none: the NUL-terminated "flashopt-kernel-abi ..." string of a shared
+/// object's or a cubin's data, or the bytes of a PTX file's `S__abi` global
+/// (ptx_kernel_abi_global). `bytes` is the whole file.
+std::optional<std::string> find_kernel_abi_description(std::string_view bytes);
+
 /// The index of buffer `name` in `m.buffers`, or an error listing the
 /// buffers the manifest has.
 Expected<int> find_buffer(const Manifest &m, std::string_view name);

@@ -51,11 +51,6 @@ struct LoadOptions {
 /// naming both when they differ or when the kernel has none.
 Status check_kernel_abi(const Manifest &m, void *handle, const KernelEntry &k,
                         const std::string &manifest_path);
-/// The same for a bundle directory, from the bytes of its first readable
-/// CPU kernel file (read, never loaded; for GPU loads: the PTX carries no
-/// description). Success when the
-/// bundle has no CPU kernel file.
-Status check_bundle_kernel_abi(const Manifest &m, const std::string &dir);
 
 /// A loaded bundle: its manifest and one dlopen'ed CPU kernel. Shared by the
 /// optimizers created from it; the library is closed with the last one.
