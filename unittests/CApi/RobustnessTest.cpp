@@ -183,13 +183,17 @@ void replaceHypers(const std::string &manifest, const std::string &with) {
 }
 
 /// Rewrites checkpoint `in` to `out` with `edit` applied to its metadata
-/// (tensors kept byte for byte).
+/// (tensors kept byte for byte), as a tool that edits the metadata does: it
+/// drops the metadata checksum (which `edit` may put back) so the checks
+/// behind it are what a test sees.
 template <typename Edit>
 void rewriteCheckpoint(const std::string &in, const std::string &out,
                        Edit edit) {
   Expected<st::File> f = st::File::read(in);
   REQUIRE(f.ok());
   std::map<std::string, std::string> meta = f->metadata();
+  REQUIRE(meta.count("metadata_checksum"));
+  meta.erase("metadata_checksum");
   edit(meta);
   std::vector<std::vector<uint8_t>> data;
   std::vector<st::TensorRef> refs;
@@ -627,6 +631,47 @@ TEST_CASE("robustness: a flipped data bit is caught by the checksum") {
   CHECK(o.snapshot() == before);
 }
 
+TEST_CASE("robustness: a flipped bit in the metadata is caught by its "
+          "checksum; a lying rule is a mismatch") {
+  // Found by scripts/probe-inputs.py: a flipped digit of a hyper-parameter in
+  // __metadata__ 'param_groups' loaded as the new value.
+  Opt o(100, 2);
+  std::string good = (scratchDir() / "meta-good.safetensors").string();
+  o.save(good);
+  auto before = o.snapshot();
+  std::string bytes = readAll(good);
+  for (const char *field : {"\"param_groups\"", "\"step\"", "\"params\""}) {
+    CAPTURE(field);
+    std::string bad = bytes;
+    size_t at = bad.find(field);
+    REQUIRE(at != std::string::npos);
+    // The first digit of the value after the key.
+    size_t digit = bad.find_first_of("0123456789", at + std::strlen(field));
+    REQUIRE(digit != std::string::npos);
+    bad[digit] = bad[digit] == '1' ? '2' : '1';
+    std::string path = (scratchDir() / "meta-bad.safetensors").string();
+    writeAll(path, bad);
+    CHECK(flashopt_load_checkpoint(o.opt, path.c_str()) == FLASHOPT_ERROR_FORMAT);
+    CHECK(has(err(), "__metadata__ checksum"));
+    CHECK(has(err(), "corrupt or was edited"));
+    CHECK(o.snapshot() == before);
+  }
+  // A checkpoint whose rule disagrees with its spec (an edited header
+  // without the checksum) is a mismatch.
+  std::string lying = (scratchDir() / "meta-rule.safetensors").string();
+  rewriteCheckpoint(good, lying, [](std::map<std::string, std::string> &m) {
+    m["rule"] = "lion";
+  });
+  CHECK(flashopt_load_checkpoint(o.opt, lying.c_str()) == FLASHOPT_ERROR_MISMATCH);
+  CHECK(has(err(), "checkpoint of rule \"lion\""));
+  CHECK(o.snapshot() == before);
+  // Without the metadata checksum (another tool edited it) a file still loads.
+  std::string edited = (scratchDir() / "meta-edited.safetensors").string();
+  rewriteCheckpoint(good, edited, [](std::map<std::string, std::string> &) {});
+  CHECK(flashopt_load_checkpoint(o.opt, edited.c_str()) == FLASHOPT_OK);
+  CHECK(o.snapshot() == before);
+}
+
 TEST_CASE("robustness: CRC-32C check value") {
   CHECK(st::crc32c("123456789", 9) == 0xE3069283u);
   CHECK(st::crc32c("", 0) == 0u);
@@ -665,6 +710,7 @@ TEST_CASE("robustness: an F32 checkpoint with a master beyond bf16 is "
     refs.push_back(r);
   }
   meta.erase("checksums"); // the data changed on purpose
+  meta.erase("metadata_checksum"); // and so did the metadata
   std::string bad = (scratchDir() / "f32-bad.safetensors").string();
   REQUIRE(st::write_file(bad, refs, meta).ok());
   CHECK(flashopt_load_checkpoint(o.opt, bad.c_str()) == FLASHOPT_ERROR_FORMAT);

@@ -630,6 +630,7 @@ class FlashOptimizer(Optimizer):
         # The tensors are torch's now: the library's per-tensor checksums of
         # the file it wrote no longer apply (a file without them loads).
         meta.pop("checksums", None)
+        meta.pop("metadata_checksum", None)  # and the metadata changed
         save_file(tensors, path, metadata=meta)
 
 

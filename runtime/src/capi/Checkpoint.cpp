@@ -51,6 +51,25 @@ std::string checksumText(const void *data, size_t n) {
   return std::string("crc32c:") + hex;
 }
 
+/// The __metadata__ key holding metadataChecksum of all the others.
+constexpr const char *kMetadataChecksumKey = "metadata_checksum";
+
+/// CRC-32C of every __metadata__ entry but kMetadataChecksumKey, in key order
+/// (key NUL value NUL): a flipped bit in a hyper-parameter, a step counter or
+/// the parameter list is then an error, as one in a tensor's data is.
+std::string metadataChecksum(const std::map<std::string, std::string> &meta) {
+  std::string canon;
+  for (const auto &kv : meta) {
+    if (kv.first == kMetadataChecksumKey)
+      continue;
+    canon += kv.first;
+    canon.push_back('\0');
+    canon += kv.second;
+    canon.push_back('\0');
+  }
+  return checksumText(canon.data(), canon.size());
+}
+
 std::vector<Expect> expectedTensors(const OptObj &o, bool f32) {
   const Manifest &m = *o.m;
   std::vector<Expect> out;
@@ -156,6 +175,7 @@ void saveCheckpoint(OptObj &o, const std::string &path,
       {"params", params.dump()},
       {"checksums", checksums.dump()},
       {"param_groups", groups.dump()}};
+  meta[kMetadataChecksumKey] = metadataChecksum(meta);
   Status s = safetensors::write_file(path, refs, meta);
   if (!s)
     fail(FLASHOPT_ERROR_IO, s.message());
@@ -220,6 +240,18 @@ void loadCheckpoint(OptObj &o, const std::string &path) {
     auto it = meta.find(key);
     return it == meta.end() ? std::string() : it->second;
   };
+  // The metadata's own checksum first (files written before it existed, or
+  // rewritten by other tools, have none): whatever else is wrong with a
+  // corrupted header, this is the clearest thing to say.
+  if (meta.count(kMetadataChecksumKey)) {
+    std::string got = metadataChecksum(meta);
+    if (metaOr(kMetadataChecksumKey) != got)
+      fail(FLASHOPT_ERROR_FORMAT,
+           file + ": __metadata__ checksum is " + got + ", but '" +
+               kMetadataChecksumKey + "' records " +
+               metaOr(kMetadataChecksumKey) +
+               " (the header is corrupt or was edited)");
+  }
   if (metaOr("format") != kCheckpointFormat)
     fail(FLASHOPT_ERROR_FORMAT,
          file + ": not a flashopt checkpoint (__metadata__ format is " +
@@ -234,6 +266,11 @@ void loadCheckpoint(OptObj &o, const std::string &path) {
          file + ": checkpoint of spec " + quote(metaOr("spec")) + " (" +
              metaOr("spec_hash") + "), but this optimizer runs " +
              quote(m.name) + " (" + m.spec_hash + ")");
+  if (meta.count("rule") && metaOr("rule") != m.rule)
+    fail(FLASHOPT_ERROR_MISMATCH,
+         file + ": checkpoint of rule " + quote(metaOr("rule")) +
+             ", but this optimizer runs " + quote(m.rule) + " (spec " +
+             quote(m.name) + ")");
   std::string form = metaOr("checkpoint");
   if (form != "compressed" && form != "f32")
     fail(FLASHOPT_ERROR_FORMAT, file + ": unknown checkpoint form " +
