@@ -12,7 +12,9 @@
 # adds goes to build-fuzz/fuzz-corpus/TARGET, crashes to
 # build-fuzz/fuzz-artifacts/TARGET/ -- copy a crash into fuzz/corpus/TARGET
 # as a regression (ctest fuzz/replay/TARGET then runs it) once it is fixed.
-# Needs: apt-get install clang-22 libclang-rt-22-dev.
+# SECONDS 0 only builds. ctest runs every target for 10 seconds (fuzz/run/*,
+# building into the build tree first: fuzz/build/*), so regressions show.
+# Needs: apt-get install clang-22 libclang-rt-22-dev (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET="${1:?usage: scripts/fuzz.sh manifest|spec|checkpoint|dialect SECONDS [flags...]}"
@@ -37,6 +39,15 @@ if [[ ! -f "$BUILD/build.ninja" ]]; then
     -DFLASHOPT_RUNTIME_ONLY=$RUNTIME_ONLY -DFLASHOPT_FUZZ=ON -DFLASHOPT_BUILD_UNITTESTS=OFF \
     -DFLASHOPT_BUILD_BENCH=OFF -DFLASHOPT_BUILD_EXAMPLES=OFF \
     -DFLASHOPT_FUZZ_KERNELS="$KERNELS" >/dev/null
+fi
+if [[ "$SECONDS_TO_RUN" == 0 ]]; then
+  # Build only (ctest's fuzz/build fixtures): every target of this build.
+  if [[ "$TARGET" == dialect ]]; then
+    TARGETS=(dialect-fuzzer)
+  else
+    TARGETS=(manifest-fuzzer spec-fuzzer checkpoint-fuzzer)
+  fi
+  exec cmake --build "$BUILD" -j "${FLASHOPT_JOBS:-2}" --target "${TARGETS[@]}"
 fi
 cmake --build "$BUILD" -j "${FLASHOPT_JOBS:-2}" --target "$TARGET-fuzzer"
 if [[ "$TARGET" == checkpoint && ! -f "$KERNELS/adamw_bf16_m24/manifest.json" ]]; then

@@ -8,6 +8,7 @@ PKGS=(
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools
   nlohmann-json3-dev libfmt-dev doctest-dev libdlpack-dev
   libopenmpi-dev openmpi-bin
+  clang-22 libclang-rt-22-dev
   python3-venv
 )
 
