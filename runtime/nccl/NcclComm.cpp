@@ -446,7 +446,7 @@ extern "C" flashopt_status flashopt_comm_create_nccl(MPI_Comm comm,
       s = r == ncclSuccess ? FLASHOPT_OK : FLASHOPT_ERROR_COMM;
       if (r != ncclSuccess) {
         c->comm = nullptr;
-        why = "ncclCommInitRank: " + c->nccl->describe(r);
+        why = c->nccl->describe(r);
       }
     }
     if ((s = agree(c, s, why, "ncclCommInitRank")) != FLASHOPT_OK)
@@ -464,8 +464,7 @@ extern "C" flashopt_status flashopt_comm_create_nccl(MPI_Comm comm,
     b.error_string = errorString;
     b.destroy = destroy;
     b.reduce_mean_device = reduceMeanDevice;
-    // flashopt_comm_create owns `c` from here, failing or not... except
-    // that a failed create never calls destroy: keep ownership until OK.
+    // The handle owns `c` once created (a failed create never destroys).
     flashopt_status cs = flashopt_comm_create(&b, out);
     if (cs != FLASHOPT_OK)
       fail(cs, flashopt_last_error());
