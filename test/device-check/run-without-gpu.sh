@@ -47,6 +47,7 @@ FLASHOPT_DEVICE_DEPS="$WORK/deps" FLASHOPT_KERNELS="$KERNELS" \
 # from-scratch runtime build can take minutes: a generous build limit.)
 FLASHOPT_DEVICE_DEPS="$WORK/deps" FLASHOPT_KERNELS="$KERNELS" \
   FLASHOPT_DEVICE_BUILD="$WORK/build" OUT="$WORK/logs" FLASHOPT_DEVICE_BUILD_LIMIT=700 \
+  FLASHOPT_DEVICE_CHECK_BUDGET=850 \
   bash "$SRC/scripts/device-check.sh" >"$WORK/out.txt" 2>&1
 rc=$?
 cat "$WORK/out.txt"

@@ -19,7 +19,9 @@
 ///  - sizes 1, 31, 33, 100, 4097 (divisible neither by W nor by 32, some
 ///    smaller than W x 32), several buckets, one reduced early;
 ///  - a layout that differs on one rank is FLASHOPT_ERROR_MISMATCH on every
-///    rank.
+///    rank, and so is a CPU optimizer on one rank among CUDA ones (the ranks
+///    would reduce through different engines); a CPU optimizer on every rank
+///    reduces over the communicator's MPI side, NCCL moving nothing.
 /// With --expect-missing-library the NCCL library is expected not to load:
 /// FLASHOPT_ERROR_UNSUPPORTED on every rank, naming the library.
 /// Failures are summed over the ranks, so every rank exits the same way.
@@ -237,6 +239,80 @@ void ncclMatchesMpi(flashopt_comm nccl, flashopt_comm mpi,
   }
 }
 
+/// A CPU optimizer over host parameters and gradients.
+struct HostOpt {
+  flashopt_context ctx = nullptr;
+  flashopt_optimizer opt = nullptr;
+  std::vector<std::vector<uint8_t>> params, grads;
+
+  HostOpt(const std::string &spec, uint64_t seed) {
+    OK(flashopt_context_create(FLASHOPT_DEVICE_CPU, 0, &ctx));
+    OK(flashopt_context_set_threads(ctx, 1));
+    OK(flashopt_optimizer_create(ctx, (kernels + "/" + spec).c_str(), &opt));
+    flashopt_optimizer_info info{};
+    OK(flashopt_optimizer_get_info(opt, &info));
+    OK(flashopt_set_hyper(opt, -1, "lr", 0.01));
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      params.push_back(
+          randomBytes(info.param_dtype, kSizes[i], seed * 31 + i, 1.0f));
+      grads.push_back(randomBytes(info.grad_dtype, kSizes[i],
+                                  uint64_t(rank + 1) * 977 + i, 0.5f));
+      std::string name = "w" + std::to_string(i);
+      int64_t idx = -1;
+      OK(flashopt_add_param(opt, 0, name.c_str(), params.back().data(),
+                            info.param_dtype, kSizes[i], grads.back().data(),
+                            info.grad_dtype, &idx));
+    }
+  }
+  ~HostOpt() {
+    flashopt_optimizer_destroy(opt);
+    flashopt_context_destroy(ctx);
+  }
+  uint64_t hash() const {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const auto &p : params)
+      h = fnv(p.data(), p.size(), h);
+    for (const auto &g : grads)
+      h = fnv(g.data(), g.size(), h);
+    return h;
+  }
+};
+
+/// A CPU optimizer with the NCCL communicator reduces over MPI in host
+/// memory (NCCL moves nothing), and one CPU rank among CUDA ranks is a
+/// layout mismatch (different engines), not a hang. Needs the stand-in
+/// driver, whose device memory a CPU optimizer could also address.
+void hostOptimizers(flashopt_comm nccl) {
+  if (!standIn() || world == 1)
+    return;
+  {
+    HostOpt h("sgd_bf16", 3 + uint64_t(rank));
+    OK(flashopt_optimizer_attach_comm(h.opt, nccl,
+                                      FLASHOPT_REDUCE_DETERMINISTIC, 256));
+    uint64_t before = ncclBytes();
+    OK(flashopt_step(h.opt));
+    EXPECT(ncclBytes() == before, "a CPU optimizer's gradients skip NCCL");
+    EXPECT(sameEverywhere(h.hash()), "CPU optimizer over NCCL's MPI side: "
+                                     "replicas bit-identical");
+  }
+  flashopt_status s;
+  std::string err; // read before the optimizer's destroy clears it
+  if (rank == 0) {
+    Opt a("sgd_bf16", 5);
+    s = flashopt_optimizer_attach_comm(a.opt, nccl,
+                                       FLASHOPT_REDUCE_DETERMINISTIC, 0);
+    err = flashopt_last_error();
+  } else {
+    HostOpt h("sgd_bf16", 5);
+    s = flashopt_optimizer_attach_comm(h.opt, nccl,
+                                       FLASHOPT_REDUCE_DETERMINISTIC, 0);
+    err = flashopt_last_error();
+  }
+  EXPECT(s == FLASHOPT_ERROR_MISMATCH, "CUDA and CPU ranks refused");
+  EXPECT(err.find("gradients reduced in") != std::string::npos,
+         "the error names the engines");
+}
+
 void mismatchedLayout(flashopt_comm nccl) {
   // The last rank registers one tensor one element longer.
   Opt a("sgd_bf16", 5, rank == world - 1 && world > 1 ? 1 : 0);
@@ -289,6 +365,7 @@ int main(int argc, char **argv) {
           ncclMatchesMpi(nccl, mpi, spec, FLASHOPT_REDUCE_DETERMINISTIC);
         ncclMatchesMpi(nccl, mpi, "adamw_bf16_m24", FLASHOPT_REDUCE_FAST);
         mismatchedLayout(nccl);
+        hostOptimizers(nccl);
       }
       flashopt_comm_destroy(nccl);
       flashopt_comm_destroy(mpi);

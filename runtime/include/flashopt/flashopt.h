@@ -493,7 +493,9 @@ typedef struct flashopt_comm_s *flashopt_comm;
 
 /** The engine behind a communicator. Every function returns 0 on success
  *  or an engine error code (described by `error_string`), and is called by
- *  every rank in the same order (a collective). Buffers are host memory. */
+ *  every rank in the same order (a collective). Buffers are host memory
+ *  (except reduce_mean_device's). Zero-initialize the table: the optional
+ *  entries, appended over time, are absent when NULL. */
 typedef struct flashopt_comm_backend {
   /** FLASHOPT_ABI_VERSION of the header the backend was built against. */
   int32_t abi_version;
