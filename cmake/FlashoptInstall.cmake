@@ -36,6 +36,15 @@ if(TARGET flashopt_mpi)
   install(EXPORT flashoptMpiTargets NAMESPACE flashopt::
     FILE flashoptMpiTargets.cmake DESTINATION ${FLASHOPT_INSTALL_CMAKEDIR})
 endif()
+if(TARGET flashopt_nccl)
+  set_target_properties(flashopt_nccl PROPERTIES EXPORT_NAME nccl)
+  install(TARGETS flashopt_nccl EXPORT flashoptNcclTargets
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(FILES ${PROJECT_SOURCE_DIR}/runtime/include/flashopt/flashopt_nccl.h
+    DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flashopt)
+  install(EXPORT flashoptNcclTargets NAMESPACE flashopt::
+    FILE flashoptNcclTargets.cmake DESTINATION ${FLASHOPT_INSTALL_CMAKEDIR})
+endif()
 
 set(_fo_pkg ${CMAKE_CURRENT_BINARY_DIR}/flashopt-package)
 set(FLASHOPT_CONFIG_BINDIR ${CMAKE_INSTALL_BINDIR})
@@ -59,6 +68,10 @@ export(EXPORT flashoptTargets NAMESPACE flashopt::
 if(TARGET flashopt_mpi)
   export(EXPORT flashoptMpiTargets NAMESPACE flashopt::
     FILE ${_fo_build_pkg}/flashoptMpiTargets.cmake)
+endif()
+if(TARGET flashopt_nccl)
+  export(EXPORT flashoptNcclTargets NAMESPACE flashopt::
+    FILE ${_fo_build_pkg}/flashoptNcclTargets.cmake)
 endif()
 set(FLASHOPT_CONFIG_BINDIR ${PROJECT_BINARY_DIR}/bin)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/flashoptConfig.cmake.in

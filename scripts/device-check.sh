@@ -9,6 +9,11 @@
 #   nvidia-smi              (if present)
 #   CudaTests               runtime unit tests, GPU branch (if doctest is found)
 #   flashopt-gpu-check      every bundle: GPU == CPU bit for bit, multi-tensor == per-tensor
+#   NCCL smoke              NcclTests under mpirun -np 1 with the real libnccl.so.2
+#                           (FLASHOPT_NCCL_LIBRARY, else the venv's nvidia/nccl/lib):
+#                           the NCCL communicator averages a CUDA optimizer's
+#                           gradients on the device, equal to the MPI path bit for bit.
+#                           A missing libnccl, mpirun, nccl.h or MPI is a FAILURE.
 #   flashopt-gpu-bench      AdamW 1e6/1e8/1e9 params vs device copy; 300 small tensors
 #   bench/torch_adamw.py    torch.optim.AdamW(fused=True) fp32, same sizes
 #
@@ -26,7 +31,9 @@
 # FLASHOPT_DEVICE_DEPS (build/device-deps), FLASHOPT_DEVICE_BUILD
 # (build-device), FLASHOPT_JOBS (nproc), FLASHOPT_DEVICE_CHECK_BUDGET (350 s),
 # FLASHOPT_DEVICE_NO_CMAKE=1 (build with the compiler directly, as without cmake),
-# FLASHOPT_DEVICE_BUILD_LIMIT (seconds for the build step, default 300).
+# FLASHOPT_DEVICE_BUILD_LIMIT (seconds for the build step, default 300),
+# FLASHOPT_NCCL_LIBRARY (libnccl.so.2 to use), FLASHOPT_NCCL_DIR (a folder
+# with include/nccl.h and lib/libnccl.so.2).
 #
 # Exit status: 0 when the build, the unit tests and flashopt-gpu-check pass
 # (benchmarks are reported, not judged, but must run); 77 with "no NVIDIA
@@ -183,6 +190,40 @@ if [[ -z "$JSON_DIR" ]]; then
 fi
 say "device-check: C++ compiler $CXX_BIN; nlohmann/json from $JSON_DIR"
 
+# NCCL (headers to build libflashopt_nccl, the library to run it): the
+# toolkit's, or the PyTorch venv's nvidia/nccl and nvidia/cu13 (or
+# nvidia/cuda_runtime) wheels.
+NV_DIRS=()
+for v in "$ROOT/.venv" "$HOME/.cache/flashopt/venv" ${VIRTUAL_ENV:-}; do
+  for d in "$v"/lib/python3*/site-packages/nvidia; do
+    [[ -d "$d" ]] && NV_DIRS+=("$d")
+  done
+done
+if command -v python3 >/dev/null 2>&1; then
+  d=$(timeout 30 python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null)
+  [[ -n "$d" && -d "$d" ]] && NV_DIRS+=("$d")
+fi
+NCCL_INC="" NCCL_LIB=${FLASHOPT_NCCL_LIBRARY:-} CUDART_INC=""
+# Headers: the toolkit's first (as CI builds); the library: the venv's first.
+for d in ${FLASHOPT_NCCL_DIR:-} ${CUDA_HOME:-/usr/local/cuda} /usr/local/cuda /usr "${NV_DIRS[@]/%//nccl}"; do
+  [[ -z "$NCCL_INC" && -f "$d/include/nccl.h" ]] && NCCL_INC=$d/include
+done
+for d in ${FLASHOPT_NCCL_DIR:-} "${NV_DIRS[@]/%//nccl}" ${CUDA_HOME:-/usr/local/cuda} /usr/local/cuda; do
+  for f in "$d/lib/libnccl.so.2" "$d/lib64/libnccl.so.2"; do
+    [[ -z "$NCCL_LIB" && -f "$f" ]] && NCCL_LIB=$f
+  done
+done
+if [[ -z "$NCCL_LIB" ]] && command -v ldconfig >/dev/null 2>&1; then
+  NCCL_LIB=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}')
+fi
+for d in ${CUDA_HOME:-/usr/local/cuda} /usr/local/cuda "${NV_DIRS[@]/%//cu13}" "${NV_DIRS[@]/%//cuda_runtime}"; do
+  [[ -z "$CUDART_INC" && -f "$d/include/cuda_runtime.h" ]] && CUDART_INC=$d/include
+done
+NCCL_CMAKE=()
+[[ -n "$NCCL_INC" ]] && NCCL_CMAKE+=(-DFLASHOPT_NCCL_H_DIR="$NCCL_INC")
+[[ -n "$CUDART_INC" ]] && NCCL_CMAKE+=(-DFLASHOPT_CUDA_RUNTIME_H_DIR="$CUDART_INC")
+say "device-check: nccl.h in ${NCCL_INC:-(not found)}; cuda_runtime.h in ${CUDART_INC:-(not found)}; libnccl ${NCCL_LIB:-(not found)}"
+
 # Build (CMake, runtime only; or the compiler directly without CMake). The
 # commands go into a script so that `timeout` can run them.
 JOBS=${FLASHOPT_JOBS:-$(nproc 2>/dev/null || echo 4)}
@@ -197,7 +238,7 @@ if command -v cmake >/dev/null 2>&1 && [[ -z "${FLASHOPT_DEVICE_NO_CMAKE:-}" ]];
     echo "set -e"
     echo "$(q cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
       -DFLASHOPT_RUNTIME_ONLY=ON -DCMAKE_PREFIX_PATH="$DEPS" \
-      -DFLASHOPT_JSON_INCLUDE_DIR="$JSON_DIR")"
+      -DFLASHOPT_JSON_INCLUDE_DIR="$JSON_DIR" "${NCCL_CMAKE[@]}")"
     echo "$(q cmake --build "$BUILD" -j "$JOBS")"
   } >"$BUILD_SCRIPT"
   BUILD_HOW="cmake -DFLASHOPT_RUNTIME_ONLY=ON, -j$JOBS"
@@ -267,6 +308,38 @@ if [[ -n "$NO_GPU" ]]; then
   record "torch_adamw.py" "skipped" 0 "no GPU"
   say "$NO_GPU"
   finish 77
+fi
+
+# NCCL smoke test: world size 1, the real libnccl, a CUDA optimizer whose
+# gradients NCCL averages on the device (== the MPI path bit for bit).
+# Anything missing is a failure, never a silent pass.
+NCCL_WHY=""
+if [[ ! -x "$BUILD/unittests/NcclTests" ]]; then
+  NCCL_WHY="NcclTests not built (needs cmake, MPI, nccl.h and cuda_runtime.h: see build.log)"
+elif [[ -z "$NCCL_LIB" ]]; then
+  NCCL_WHY="libnccl.so.2 not found (set FLASHOPT_NCCL_LIBRARY)"
+elif ! command -v mpirun >/dev/null 2>&1; then
+  NCCL_WHY="mpirun not found"
+fi
+if [[ -n "$NCCL_WHY" ]]; then
+  say "== NCCL smoke: FAILED: $NCCL_WHY"
+  record "NCCL smoke (np 1)" "FAILED" 0 "$NCCL_WHY"
+  FAILED=1
+else
+  MPI_FLAGS=(-np 1 --oversubscribe)
+  [[ $(id -u) -eq 0 ]] && MPI_FLAGS+=(--allow-run-as-root)
+  run_step "NCCL smoke (np 1)" 90 "$LOGS/nccl-smoke.txt" \
+    env FLASHOPT_NCCL_LIBRARY="$NCCL_LIB" OMPI_MCA_btl_vader_single_copy_mechanism=none \
+    mpirun "${MPI_FLAGS[@]}" "$BUILD/unittests/NcclTests" "$KERNELS"
+  S=$(grep -m1 -E '^NcclTests at 1 ranks: ' "$LOGS/nccl-smoke.txt" | cut -c1-120)
+  if ((RC == 0)) && grep -qE '^NcclTests at 1 ranks: [1-9][0-9]* checks, 0 failed' "$LOGS/nccl-smoke.txt"; then
+    record "NCCL smoke (np 1)" "ok" "$STEP_TIME" "$S; $(basename "$NCCL_LIB")"
+  else
+    ST=$(status_of $RC)
+    ((RC == 0)) && ST="FAILED (no passing summary line)"
+    record "NCCL smoke (np 1)" "$ST" "$STEP_TIME" "${S:-see nccl-smoke.txt}"
+    FAILED=1
+  fi
 fi
 
 # Benchmarks.

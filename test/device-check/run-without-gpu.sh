@@ -47,12 +47,18 @@ FLASHOPT_DEVICE_DEPS="$WORK/deps" FLASHOPT_KERNELS="$KERNELS" \
 # from-scratch runtime build can take minutes: a generous build limit.)
 FLASHOPT_DEVICE_DEPS="$WORK/deps" FLASHOPT_KERNELS="$KERNELS" \
   FLASHOPT_DEVICE_BUILD="$WORK/build" OUT="$WORK/logs" FLASHOPT_DEVICE_BUILD_LIMIT=700 \
+  FLASHOPT_DEVICE_CHECK_BUDGET=850 \
   bash "$SRC/scripts/device-check.sh" >"$WORK/out.txt" 2>&1
 rc=$?
 cat "$WORK/out.txt"
 S="$WORK/logs/summary.md"
 [[ -f "$S" ]] || fail "no summary table"
 grep -q '^| build | ok |' "$S" || fail "the runtime-only build did not succeed"
+# The GPU run's NCCL smoke test needs its program: built whenever nccl.h is.
+if grep -q '^device-check: nccl.h in /' "$WORK/out.txt"; then
+  [[ -x "$WORK/build/unittests/NcclTests" ]] ||
+    fail "nccl.h was found but the NCCL smoke test (unittests/NcclTests) was not built"
+fi
 grep -q '^| CudaTests (unit) | ok |' "$S" || fail "the CUDA runtime unit tests did not pass"
 grep -q '^| RuntimeTests (unit) | ok |' "$S" || fail "the host runtime unit tests did not pass"
 case $rc in

@@ -483,16 +483,19 @@ FLASHOPT_API flashopt_status flashopt_load_checkpoint(flashopt_optimizer opt,
  * Data parallelism
  *===----------------------------------------------------------------------===*/
 
-/** A communicator: the collectives of an existing engine (MPI today:
- *  flashopt_mpi.h; NCCL or a framework's own process group through the
- *  same table), as a table of functions. libflashopt builds every reduction
+/** A communicator: the collectives of an existing engine (MPI:
+ *  flashopt_mpi.h; NCCL on device buffers: flashopt_nccl.h; or a
+ *  framework's own process group through the same table), as a table of
+ *  functions. libflashopt builds every reduction
  *  of data-parallel training on these few primitives; it moves no bytes of
  *  its own. */
 typedef struct flashopt_comm_s *flashopt_comm;
 
 /** The engine behind a communicator. Every function returns 0 on success
  *  or an engine error code (described by `error_string`), and is called by
- *  every rank in the same order (a collective). Buffers are host memory. */
+ *  every rank in the same order (a collective). Buffers are host memory
+ *  (except reduce_mean_device's). Zero-initialize the table: the optional
+ *  entries, appended over time, are absent when NULL. */
 typedef struct flashopt_comm_backend {
   /** FLASHOPT_ABI_VERSION of the header the backend was built against. */
   int32_t abi_version;
@@ -518,6 +521,19 @@ typedef struct flashopt_comm_backend {
   const char *(*error_string)(void *self, int code);
   /** Releases `self` (may be NULL), called once by flashopt_comm_destroy. */
   void (*destroy)(void *self);
+  /** Optional (may be NULL; NCCL: flashopt_nccl.h): averages gradients in
+   *  CUDA device memory, in place, over the ranks. `pieces[i]` is a device
+   *  pointer to `counts[i]` elements of `dtype` (a flashopt_dtype); `mode`
+   *  is a flashopt_reduce_mode with the same contract as the host path:
+   *  fp32 sums of the W contributions (in rank order for DETERMINISTIC),
+   *  divided by W and rounded once to `dtype`, each element reduced once by
+   *  its owner and gathered, the elements taken in piece order. When set,
+   *  optimizers on FLASHOPT_DEVICE_CUDA contexts reduce through it and their
+   *  gradients never leave the device; the other functions above still get
+   *  host memory. */
+  int (*reduce_mean_device)(void *self, void *const *pieces,
+                            const int64_t *counts, size_t num_pieces,
+                            int32_t dtype, int32_t mode);
 } flashopt_comm_backend;
 
 /** Wraps `backend` (copied) in a communicator handle. */

@@ -68,6 +68,17 @@ Status Communicator::reduce_scatter_f32(const float *send, float *recv,
                "reduce_scatter_f32");
 }
 
+Status Communicator::reduce_mean_device(void *const *pieces,
+                                        const int64_t *counts,
+                                        size_t num_pieces, int32_t dtype,
+                                        int32_t mode) {
+  if (!b_.reduce_mean_device)
+    return Status::error(name_ + " has no reduce_mean_device");
+  return check(
+      b_.reduce_mean_device(b_.self, pieces, counts, num_pieces, dtype, mode),
+      "reduce_mean_device");
+}
+
 Expected<bool> Communicator::any(bool flag) {
   uint8_t mine = flag ? 1 : 0;
   std::vector<uint8_t> all(size_t(size()), 0);

@@ -48,6 +48,13 @@ public:
   Status broadcast(void *buf, size_t bytes, int root);
   bool has_reduce_scatter() const { return b_.reduce_scatter_f32 != nullptr; }
   Status reduce_scatter_f32(const float *send, float *recv, size_t count);
+  /// Whether the engine averages device-memory gradients itself
+  /// (flashopt_comm_backend::reduce_mean_device: NCCL).
+  bool has_reduce_mean_device() const {
+    return b_.reduce_mean_device != nullptr;
+  }
+  Status reduce_mean_device(void *const *pieces, const int64_t *counts,
+                            size_t num_pieces, int32_t dtype, int32_t mode);
   /// Whether `flag` is true on any rank (every rank gets the same answer).
   Expected<bool> any(bool flag);
 

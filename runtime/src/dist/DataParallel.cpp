@@ -123,6 +123,13 @@ DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
     text += std::string("reduce ") +
             (deterministic ? "deterministic" : "fast") + ", buckets of " +
             std::to_string(bucket_bytes) + " bytes\n";
+    // Ranks that reduce through different engines would hang, too.
+    text += std::string("gradients reduced in ") +
+            (comm->has_reduce_mean_device() &&
+                     std::strcmp(opt.backend().kind(), "cuda") == 0
+                 ? "device memory"
+                 : "host memory") +
+            "\n";
     if (Status s = checkLayouts(*comm, text); !s)
       return s;
     if (!deterministic && !comm->has_reduce_scatter())
@@ -154,6 +161,29 @@ DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
   }
 }
 
+Status DataParallel::reduceOnDevice(Optimizer &opt, const Bucket &bk) {
+  static_assert(int(DType::BF16) == FLASHOPT_BF16 &&
+                    int(DType::F16) == FLASHOPT_F16 &&
+                    int(DType::F32) == FLASHOPT_F32,
+                "host and C dtype numbering agree");
+  const int64_t es = dtype_size(opt.manifest().grad);
+  std::vector<void *> ptrs;
+  std::vector<int64_t> counts;
+  for (const Piece &pc : bk.pieces) {
+    Expected<BufferView> g = opt.buffer(pc.tensor, "grad");
+    if (!g)
+      return g.status();
+    ptrs.push_back(static_cast<uint8_t *>(g->data) + pc.offset * es);
+    counts.push_back(pc.count);
+  }
+  // The step's kernels and the caller's writes of the gradients are done.
+  if (Status s = opt.backend().synchronize(); !s)
+    return s;
+  return comm_->reduce_mean_device(
+      ptrs.data(), counts.data(), ptrs.size(), int32_t(opt.manifest().grad),
+      deterministic_ ? FLASHOPT_REDUCE_DETERMINISTIC : FLASHOPT_REDUCE_FAST);
+}
+
 Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
   if (bi < 0 || bi >= int(buckets_.size()))
     return Status::error("bucket " + std::to_string(bi) +
@@ -166,6 +196,15 @@ Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
     const Bucket &bk = buckets_[size_t(bi)];
     const Manifest &m = opt.manifest();
     Backend &dev = opt.backend();
+    if (comm_->has_reduce_mean_device() &&
+        std::strcmp(dev.kind(), "cuda") == 0) {
+      // The engine averages the pieces in device memory (NCCL): the
+      // gradients never leave the device.
+      if (Status s = reduceOnDevice(opt, bk); !s)
+        return s;
+      reduced_[size_t(bi)] = true;
+      return Status::success();
+    }
     const int64_t W = comm_->size();
     const int64_t es = dtype_size(m.grad);
     const int64_t slice = (bk.numel + W - 1) / W;

@@ -18,7 +18,10 @@
 ///
 /// Gradients, parameters and state are reached through the core's
 /// read_buffer / write_buffer, so this works on every backend (device
-/// buffers are staged through host memory).
+/// buffers are staged through host memory) -- except when the engine
+/// averages device memory itself (reduce_mean_device: NCCL) and the
+/// optimizer is on CUDA: then each bucket's gradient pieces are handed to
+/// the engine in place.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -101,6 +104,8 @@ public:
 
 private:
   DataParallel() = default;
+  /// Bucket `bk` averaged by the engine in device memory.
+  Status reduceOnDevice(host::Optimizer &opt, const Bucket &bk);
   std::shared_ptr<Communicator> comm_;
   bool deterministic_ = true;
   std::vector<Bucket> buckets_;

@@ -1,0 +1,381 @@
+//===- NcclTest.cpp - The NCCL communicator over real MPI ranks -----------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// Run under mpirun (ctest: -np 1, 2, 3 against the stand-in libnccl and
+/// the PTX-interpreting stand-in driver; scripts/device-check.sh: -np 1 on
+/// a GPU with the real libnccl). Every rank steps CUDA optimizers whose
+/// parameters and gradients are device memory, and checks
+///  - an NCCL communicator (flashopt_comm_create_nccl) attached: replicas
+///    bit-identical after every step (parameters, fp32 masters and the
+///    averaged gradients, hashed and all-gathered), in both reduce modes,
+///    from different initial values (rank 0's are copied to all);
+///  - deterministic mode bit-identical to the same optimizer with the MPI
+///    communicator (host path): parameters, masters and averaged gradients;
+///  - the gradients went through NCCL (the stand-in counts the bytes);
+///  - sizes 1, 31, 33, 100, 4097 (divisible neither by W nor by 32, some
+///    smaller than W x 32), several buckets, one reduced early;
+///  - a layout that differs on one rank is FLASHOPT_ERROR_MISMATCH on every
+///    rank, and so is a CPU optimizer on one rank among CUDA ones (the ranks
+///    would reduce through different engines); a CPU optimizer on every rank
+///    reduces over the communicator's MPI side, NCCL moving nothing.
+/// With --expect-missing-library the NCCL library is expected not to load:
+/// FLASHOPT_ERROR_UNSUPPORTED on every rank, naming the library.
+/// Failures are summed over the ranks, so every rank exits the same way.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/flashopt_nccl.h"
+#include "flashopt/host/CudaDriver.h"
+#include "flashopt/host/Float16.h"
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace flashopt::host;
+
+namespace {
+
+int rank = 0, world = 1;
+int failures = 0, checks = 0;
+std::string kernels;
+const CudaDriver *cuda = nullptr;
+
+#define EXPECT(cond, what)                                                     \
+  do {                                                                         \
+    ++checks;                                                                  \
+    if (!(cond)) {                                                             \
+      ++failures;                                                              \
+      std::fprintf(stderr, "rank %d: %s:%d: %s: %s (%s)\n", rank, __FILE__,    \
+                   __LINE__, #cond, std::string(what).c_str(),                 \
+                   flashopt_last_error());                                     \
+    }                                                                          \
+  } while (0)
+
+#define OK(call) EXPECT((call) == FLASHOPT_OK, #call)
+
+const std::vector<int64_t> kSizes = {1, 31, 33, 100, 4097};
+
+uint64_t fnv(const void *p, size_t n, uint64_t h = 0xcbf29ce484222325ULL) {
+  const unsigned char *c = static_cast<const unsigned char *>(p);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= c[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+size_t bytesOf(flashopt_dtype d) { return d == FLASHOPT_F32 ? 4 : 2; }
+
+/// Random values of dtype `d`, host bytes.
+std::vector<uint8_t> randomBytes(flashopt_dtype d, int64_t n, uint64_t seed,
+                                 float scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<uint8_t> out(size_t(n) * bytesOf(d));
+  for (int64_t i = 0; i < n; ++i) {
+    float v = dist(rng);
+    if (d == FLASHOPT_F32) {
+      std::memcpy(out.data() + 4 * i, &v, 4);
+    } else {
+      uint16_t h = d == FLASHOPT_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+/// Device memory of `bytes`.
+struct DeviceBuffer {
+  cu::CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t b) : bytes(b) {
+    if (cuda->cuMemAlloc(&ptr, b) != cu::CUDA_SUCCESS)
+      ptr = 0;
+  }
+  ~DeviceBuffer() {
+    if (ptr)
+      cuda->cuMemFree(ptr);
+  }
+  void *get() const { return reinterpret_cast<void *>(uintptr_t(ptr)); }
+  void upload(const std::vector<uint8_t> &h) {
+    cuda->cuMemcpyHtoD(ptr, h.data(), h.size());
+  }
+  std::vector<uint8_t> download() const {
+    std::vector<uint8_t> h(bytes);
+    cuda->cuMemcpyDtoH(h.data(), ptr, bytes);
+    return h;
+  }
+};
+
+/// A CUDA optimizer over device parameters and gradients.
+struct Opt {
+  flashopt_context ctx = nullptr;
+  flashopt_optimizer opt = nullptr;
+  std::vector<std::unique_ptr<DeviceBuffer>> params, grads;
+  flashopt_dtype pdt = FLASHOPT_F32, gdt = FLASHOPT_F32;
+
+  Opt(const std::string &spec, uint64_t seed, int64_t sizeDelta = 0) {
+    OK(flashopt_context_create(FLASHOPT_DEVICE_CUDA, 0, &ctx));
+    OK(flashopt_optimizer_create(ctx, (kernels + "/" + spec).c_str(), &opt));
+    flashopt_optimizer_info info{};
+    OK(flashopt_optimizer_get_info(opt, &info));
+    pdt = info.param_dtype;
+    gdt = info.grad_dtype;
+    OK(flashopt_set_hyper(opt, -1, "lr", 0.01));
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      int64_t n = kSizes[i] + (i == 2 ? sizeDelta : 0);
+      params.push_back(
+          std::make_unique<DeviceBuffer>(size_t(n) * bytesOf(pdt)));
+      grads.push_back(std::make_unique<DeviceBuffer>(size_t(n) * bytesOf(gdt)));
+      params.back()->upload(randomBytes(pdt, n, seed * 31 + i, 1.0f));
+      int64_t idx = -1;
+      std::string name = "w" + std::to_string(i);
+      OK(flashopt_add_param(opt, 0, name.c_str(), params.back()->get(), pdt, n,
+                            grads.back()->get(), gdt, &idx));
+    }
+  }
+  ~Opt() {
+    flashopt_optimizer_destroy(opt);
+    flashopt_context_destroy(ctx);
+  }
+  /// Rank r's gradients of step k.
+  void setGrads(int r, int k) {
+    for (size_t i = 0; i < grads.size(); ++i)
+      grads[i]->upload(randomBytes(
+          gdt, kSizes[i], 7919u * uint64_t(r + 1) + 104729u * uint64_t(k) + i,
+          0.5f + 0.25f * float(r)));
+  }
+  uint64_t hashParams() {
+    OK(flashopt_synchronize(opt));
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::vector<uint8_t> b = params[i]->download();
+      h = fnv(b.data(), b.size(), h);
+      std::vector<float> m(size_t(kSizes[i]));
+      OK(flashopt_export_master_f32(opt, int64_t(i), m.data(), kSizes[i]));
+      h = fnv(m.data(), m.size() * 4, h);
+    }
+    return h;
+  }
+  uint64_t hashGrads() {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const auto &g : grads) {
+      std::vector<uint8_t> b = g->download();
+      h = fnv(b.data(), b.size(), h);
+    }
+    return h;
+  }
+};
+
+bool sameEverywhere(uint64_t h) {
+  std::vector<uint64_t> all(static_cast<size_t>(world));
+  MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T,
+                MPI_COMM_WORLD);
+  for (uint64_t x : all)
+    if (x != all[0])
+      return false;
+  return true;
+}
+
+uint64_t ncclBytes() {
+  // The stand-in's counter; 0 (never checked) with the real library.
+  const char *lib = std::getenv("FLASHOPT_NCCL_LIBRARY");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : nullptr;
+  auto *fn =
+      h ? reinterpret_cast<uint64_t (*)()>(dlsym(h, "flashopt_mock_nccl_bytes"))
+        : nullptr;
+  return fn ? fn() : 0;
+}
+
+bool standIn() {
+  const char *lib = std::getenv("FLASHOPT_NCCL_LIBRARY");
+  return lib && std::strstr(lib, "mock_nccl");
+}
+
+void ncclMatchesMpi(flashopt_comm nccl, flashopt_comm mpi,
+                    const std::string &spec, flashopt_reduce_mode mode) {
+  std::string what =
+      spec + (mode == FLASHOPT_REDUCE_FAST ? " (fast)" : " (deterministic)");
+  // Different initial values on every rank: attach copies rank 0's.
+  Opt a(spec, 11 + uint64_t(rank)), b(spec, 11 + uint64_t(rank));
+  OK(flashopt_optimizer_attach_comm(a.opt, nccl, mode, /*bucket_bytes=*/256));
+  OK(flashopt_optimizer_attach_comm(b.opt, mpi, mode, 256));
+  int32_t buckets = 0;
+  OK(flashopt_num_buckets(a.opt, &buckets));
+  EXPECT(buckets > 1, what + ": several buckets");
+  EXPECT(sameEverywhere(a.hashParams()), what + ": rank 0's state everywhere");
+  EXPECT(a.hashParams() == b.hashParams(), what + ": same start");
+  for (int k = 1; k <= 3; ++k) {
+    a.setGrads(rank, k);
+    b.setGrads(rank, k);
+    uint64_t before = ncclBytes();
+    if (k == 2) { // one bucket as soon as its gradients are final
+      OK(flashopt_reduce_bucket(a.opt, 1));
+      OK(flashopt_reduce_bucket(b.opt, 1));
+    }
+    OK(flashopt_step(a.opt));
+    OK(flashopt_step(b.opt));
+    const std::string at = what + ", step " + std::to_string(k);
+    if (standIn() && world > 1)
+      EXPECT(ncclBytes() > before, at + ": the gradients went through NCCL");
+    uint64_t ha = a.hashParams(), ga = a.hashGrads();
+    EXPECT(sameEverywhere(ha), at + ": replicas bit-identical");
+    EXPECT(sameEverywhere(ga), at + ": averaged gradients identical");
+    if (mode == FLASHOPT_REDUCE_DETERMINISTIC) {
+      EXPECT(ha == b.hashParams(), at + ": NCCL == MPI (parameters, masters)");
+      EXPECT(ga == b.hashGrads(), at + ": NCCL == MPI (averaged gradients)");
+    }
+  }
+}
+
+/// A CPU optimizer over host parameters and gradients.
+struct HostOpt {
+  flashopt_context ctx = nullptr;
+  flashopt_optimizer opt = nullptr;
+  std::vector<std::vector<uint8_t>> params, grads;
+
+  HostOpt(const std::string &spec, uint64_t seed) {
+    OK(flashopt_context_create(FLASHOPT_DEVICE_CPU, 0, &ctx));
+    OK(flashopt_context_set_threads(ctx, 1));
+    OK(flashopt_optimizer_create(ctx, (kernels + "/" + spec).c_str(), &opt));
+    flashopt_optimizer_info info{};
+    OK(flashopt_optimizer_get_info(opt, &info));
+    OK(flashopt_set_hyper(opt, -1, "lr", 0.01));
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      params.push_back(
+          randomBytes(info.param_dtype, kSizes[i], seed * 31 + i, 1.0f));
+      grads.push_back(randomBytes(info.grad_dtype, kSizes[i],
+                                  uint64_t(rank + 1) * 977 + i, 0.5f));
+      std::string name = "w" + std::to_string(i);
+      int64_t idx = -1;
+      OK(flashopt_add_param(opt, 0, name.c_str(), params.back().data(),
+                            info.param_dtype, kSizes[i], grads.back().data(),
+                            info.grad_dtype, &idx));
+    }
+  }
+  ~HostOpt() {
+    flashopt_optimizer_destroy(opt);
+    flashopt_context_destroy(ctx);
+  }
+  uint64_t hash() const {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const auto &p : params)
+      h = fnv(p.data(), p.size(), h);
+    for (const auto &g : grads)
+      h = fnv(g.data(), g.size(), h);
+    return h;
+  }
+};
+
+/// A CPU optimizer with the NCCL communicator reduces over MPI in host
+/// memory (NCCL moves nothing), and one CPU rank among CUDA ranks is a
+/// layout mismatch (different engines), not a hang. Needs the stand-in
+/// driver, whose device memory a CPU optimizer could also address.
+void hostOptimizers(flashopt_comm nccl) {
+  if (!standIn() || world == 1)
+    return;
+  {
+    HostOpt h("sgd_bf16", 3 + uint64_t(rank));
+    OK(flashopt_optimizer_attach_comm(h.opt, nccl,
+                                      FLASHOPT_REDUCE_DETERMINISTIC, 256));
+    uint64_t before = ncclBytes();
+    OK(flashopt_step(h.opt));
+    EXPECT(ncclBytes() == before, "a CPU optimizer's gradients skip NCCL");
+    EXPECT(sameEverywhere(h.hash()), "CPU optimizer over NCCL's MPI side: "
+                                     "replicas bit-identical");
+  }
+  flashopt_status s;
+  std::string err; // read before the optimizer's destroy clears it
+  if (rank == 0) {
+    Opt a("sgd_bf16", 5);
+    s = flashopt_optimizer_attach_comm(a.opt, nccl,
+                                       FLASHOPT_REDUCE_DETERMINISTIC, 0);
+    err = flashopt_last_error();
+  } else {
+    HostOpt h("sgd_bf16", 5);
+    s = flashopt_optimizer_attach_comm(h.opt, nccl,
+                                       FLASHOPT_REDUCE_DETERMINISTIC, 0);
+    err = flashopt_last_error();
+  }
+  EXPECT(s == FLASHOPT_ERROR_MISMATCH, "CUDA and CPU ranks refused");
+  EXPECT(err.find("gradients reduced in") != std::string::npos,
+         "the error names the engines");
+}
+
+void mismatchedLayout(flashopt_comm nccl) {
+  // The last rank registers one tensor one element longer.
+  Opt a("sgd_bf16", 5, rank == world - 1 && world > 1 ? 1 : 0);
+  flashopt_status s = flashopt_optimizer_attach_comm(
+      a.opt, nccl, FLASHOPT_REDUCE_DETERMINISTIC, 0);
+  if (world == 1) {
+    EXPECT(s == FLASHOPT_OK, "one rank: nothing to mismatch");
+    return;
+  }
+  EXPECT(s == FLASHOPT_ERROR_MISMATCH, "mismatched layout refused");
+  EXPECT(std::strstr(flashopt_last_error(), "different layouts") &&
+             std::strstr(flashopt_last_error(), "w2"),
+         "the error names the first difference");
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  bool expectMissing = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--expect-missing-library") == 0)
+      expectMissing = true;
+    else
+      kernels = argv[i];
+  }
+  if (expectMissing) {
+    flashopt_comm c = nullptr;
+    flashopt_status s = flashopt_comm_create_nccl(MPI_COMM_WORLD, 0, &c);
+    EXPECT(s == FLASHOPT_ERROR_UNSUPPORTED, "a missing libnccl is UNSUPPORTED");
+    EXPECT(std::strstr(flashopt_last_error(), "could not be loaded"),
+           "the error names the library");
+  } else {
+    Expected<const CudaDriver *> d = CudaDriver::get();
+    EXPECT(bool(d), d ? "" : d.error());
+    if (d) {
+      cuda = *d;
+      cu::CUdevice dev = 0;
+      cu::CUcontext ctx = nullptr;
+      cuda->cuDeviceGet(&dev, 0);
+      cuda->cuDevicePrimaryCtxRetain(&ctx, dev);
+      cuda->cuCtxPushCurrent(ctx);
+      flashopt_comm nccl = nullptr, mpi = nullptr;
+      OK(flashopt_comm_create_nccl(MPI_COMM_WORLD, 0, &nccl));
+      OK(flashopt_comm_create_mpi(MPI_COMM_WORLD, &mpi));
+      if (nccl && mpi) {
+        for (const char *spec : {"sgd_bf16", "adamw_bf16_m24", "sgd_f32"})
+          ncclMatchesMpi(nccl, mpi, spec, FLASHOPT_REDUCE_DETERMINISTIC);
+        ncclMatchesMpi(nccl, mpi, "adamw_bf16_m24", FLASHOPT_REDUCE_FAST);
+        mismatchedLayout(nccl);
+        hostOptimizers(nccl);
+      }
+      flashopt_comm_destroy(nccl);
+      flashopt_comm_destroy(mpi);
+    }
+  }
+  int total = 0;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0)
+    std::printf("NcclTests at %d ranks: %d checks, %d failed\n", world, checks,
+                total);
+  MPI_Finalize();
+  return total == 0 ? 0 : 1;
+}
