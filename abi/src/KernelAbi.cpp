@@ -48,4 +48,32 @@ const std::vector<CpuFlavour> &default_x86_cpu_flavours() {
   return flavours;
 }
 
+const char *kernel_kind_name(KernelKind k) {
+  switch (k) {
+  case KernelKind::Step:
+    return "step";
+  case KernelKind::Accumulate:
+    return "accumulate";
+  case KernelKind::StepAccumulated:
+    return "step_accumulated";
+  case KernelKind::StepFused:
+    return "step_fused";
+  }
+  return "?";
+}
+
+bool parse_kernel_kind(std::string_view name, KernelKind &out) {
+  for (KernelKind k : kKernelKinds)
+    if (name == kernel_kind_name(k)) {
+      out = k;
+      return true;
+    }
+  return false;
+}
+
+std::string kernel_kind_suffix(KernelKind k) {
+  return k == KernelKind::Step ? std::string()
+                               : std::string("__") + kernel_kind_name(k);
+}
+
 } // namespace flashopt::abi

@@ -54,6 +54,15 @@ int Manifest::buffer_index(std::string_view n) const {
   return -1;
 }
 
+const KernelEntry *Manifest::find_kernel(KernelKind kind,
+                                         std::string_view target,
+                                         std::string_view cpu) const {
+  for (const KernelEntry &k : kernels)
+    if (k.kind == kind && k.target == target && (cpu.empty() || k.cpu == cpu))
+      return &k;
+  return nullptr;
+}
+
 BytesPerParam Manifest::computed_bytes_per_param() const {
   BytesPerParam b;
   for (const BufferSpec &buf : buffers) {
@@ -73,9 +82,12 @@ BytesPerParam Manifest::computed_bytes_per_param() const {
     case BufferRole::State:
       b.states += per;
       break;
+    case BufferRole::Accum:
+      b.accumulator += per;
+      break;
     }
   }
-  b.total = b.param + b.correction + b.grad + b.states;
+  b.total = b.param + b.correction + b.grad + b.states + b.accumulator;
   b.total_with_grad_release = b.total - b.grad;
   return b;
 }
@@ -100,6 +112,13 @@ std::vector<BufferSpec> implied_buffers(const Manifest &m) {
     out.push_back({"correction", *m.correction, Per::Element, true,
                    BufferRole::Correction});
   out.push_back({"grad", m.grad, Per::Element, false, BufferRole::Grad});
+  if (m.accumulator) {
+    out.push_back({"accum", m.accumulator->dtype, Per::Element, true,
+                   BufferRole::Accum});
+    if (m.accumulator->correction)
+      out.push_back({"accum_correction", *m.accumulator->correction,
+                     Per::Element, true, BufferRole::Accum});
+  }
   for (const StateSpec &s : m.states)
     for (const StateBuffer &b : state_buffers(s))
       out.push_back(

@@ -191,6 +191,22 @@ Manifest Parser::parse(const json &root) {
     }
   }
   m.grad = dtype(root, "", "grad", {DType::BF16, DType::F16, DType::F32}, nullptr);
+  // The gradient accumulator (optional): f32, bf16 + i8 or bf16.
+  if (root.contains("accumulator")) {
+    const json &acc = object(root, "", "accumulator");
+    AccumulatorSpec a;
+    a.dtype = dtype(acc, "accumulator", "dtype", {DType::F32, DType::BF16},
+                    nullptr);
+    std::string c = string(acc, "accumulator", "correction");
+    if (c != "none") {
+      a.correction = dtype(acc, "accumulator", "correction", {DType::I8},
+                           "or \"none\"");
+      if (a.dtype != DType::BF16)
+        fail("accumulator.correction",
+             "an f32 accumulator takes no correction term, got " + quote(c));
+    }
+    m.accumulator = a;
+  }
 
   // hypers
   const json &hypers = array(root, "", "hypers");
@@ -224,7 +240,8 @@ Manifest Parser::parse(const json &root) {
       fail(p, "expected an object, got " + typeName(states[i]));
     StateSpec s;
     s.name = string(states[i], p, "name");
-    if (s.name == "param" || s.name == "grad" || s.name == "correction")
+    if (s.name == "param" || s.name == "grad" || s.name == "correction" ||
+        s.name == "accum" || s.name == "accum_correction")
       fail(join(p, "name"), "reserved buffer name " + quote(s.name));
     if (!stateNames.insert(s.name).second)
       fail(join(p, "name"), "duplicate state " + quote(s.name));
@@ -341,6 +358,8 @@ Manifest Parser::parse(const json &root) {
   b.states = number(bpp, "bytes_per_param", "states");
   b.total = number(bpp, "bytes_per_param", "total");
   b.total_with_grad_release = number(bpp, "bytes_per_param", "total_with_grad_release");
+  if (m.accumulator)
+    b.accumulator = number(bpp, "bytes_per_param", "accumulator");
   BytesPerParam c = m.computed_bytes_per_param();
   auto check = [&](const char *key, double stated, double computed) {
     if (std::fabs(stated - computed) > 1e-6) {
@@ -353,6 +372,7 @@ Manifest Parser::parse(const json &root) {
   check("correction", b.correction, c.correction);
   check("grad", b.grad, c.grad);
   check("states", b.states, c.states);
+  check("accumulator", b.accumulator, c.accumulator);
   check("total", b.total, c.total);
   check("total_with_grad_release", b.total_with_grad_release,
         c.total_with_grad_release);
@@ -365,6 +385,16 @@ Manifest Parser::parse(const json &root) {
       fail(p, "expected an object, got " + typeName(kernels[i]));
     KernelEntry k;
     k.target = string(kernels[i], p, "target");
+    if (kernels[i].contains("kind")) {
+      std::string kind = string(kernels[i], p, "kind");
+      if (!parse_kernel_kind(kind, k.kind))
+        fail(join(p, "kind"), "expected one of step, accumulate, "
+                              "step_accumulated, step_fused, got " +
+                                  quote(kind));
+      if (k.kind != KernelKind::Step && !m.accumulator)
+        fail(join(p, "kind"), "a " + kind + " kernel needs an accumulator, "
+                              "and the manifest has none");
+    }
     if (k.target == "cpu") {
       k.cpu = string(kernels[i], p, "cpu");
       const json &f = array(kernels[i], p, "features");

@@ -35,6 +35,11 @@ std::string write_manifest(const Manifest &m) {
       {"dtype", dtype_name(m.param)},
       {"correction", m.correction ? dtype_name(*m.correction) : "none"}};
   j["grad"] = dtype_name(m.grad);
+  if (m.accumulator)
+    j["accumulator"] = {{"dtype", dtype_name(m.accumulator->dtype)},
+                        {"correction", m.accumulator->correction
+                                           ? dtype_name(*m.accumulator->correction)
+                                           : "none"}};
   ordered_json hypers = ordered_json::array();
   for (const HyperSpec &h : m.hypers) {
     ordered_json e;
@@ -82,6 +87,8 @@ std::string write_manifest(const Manifest &m) {
       {"states", bytes.states},
       {"total", bytes.total},
       {"total_with_grad_release", bytes.total_with_grad_release}};
+  if (m.accumulator)
+    j["bytes_per_param"]["accumulator"] = bytes.accumulator;
   ordered_json kernels = ordered_json::array();
   for (const KernelEntry &k : m.kernels) {
     ordered_json e;
@@ -100,6 +107,8 @@ std::string write_manifest(const Manifest &m) {
     }
     e["file"] = k.file;
     e["symbol"] = k.symbol;
+    if (k.kind != KernelKind::Step)
+      e["kind"] = kernel_kind_name(k.kind);
     kernels.push_back(e);
   }
   j["kernels"] = kernels;

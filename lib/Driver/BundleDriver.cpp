@@ -211,6 +211,28 @@ driver::resolveHostCPUs(const DriverOptions &options) {
 // Emit stages
 //===----------------------------------------------------------------------===//
 
+std::vector<abi::KernelKind> driver::kernelKinds(const CompileJob &job) {
+  if (!OptimizerOp(job.optimizer).getAccumulateAttr())
+    return {abi::KernelKind::Step};
+  return {std::begin(abi::kKernelKinds), std::end(abi::kKernelKinds)};
+}
+
+CompileJob driver::jobForKernel(const CompileJob &job, abi::KernelKind kind) {
+  CompileJob out;
+  out.module = cloneModule(job);
+  out.optimizer = *out.module->getOps<OptimizerOp>().begin();
+  if (kind != abi::KernelKind::Step)
+    out.optimizer->setAttr("flashopt.kernel_kind",
+                           StringAttr::get(out.module->getContext(),
+                                           abi::kernel_kind_name(kind)));
+  out.specPath = job.specPath;
+  out.specHash = job.specHash;
+  out.rule = job.rule;
+  out.description = job.description;
+  out.targets = job.targets;
+  return out;
+}
+
 std::string driver::emitOptimizerText(const CompileJob &job) {
   std::string text;
   llvm::raw_string_ostream os(text);
@@ -279,6 +301,13 @@ llvm::Expected<abi::Manifest> driver::describeBundle(const CompileJob &job,
   if (master.hasCorrection())
     m.correction = *storageDType(master.getCorrection());
   m.grad = *storageDType(optimizer.getGrad());
+  if (MasterAttr acc = optimizer.getAccumulateAttr()) {
+    abi::AccumulatorSpec a;
+    a.dtype = *storageDType(acc.getParamType());
+    if (acc.hasCorrection())
+      a.correction = *storageDType(acc.getCorrection());
+    m.accumulator = a;
+  }
   for (HyperOp h : getHypers(kernel)) {
     abi::HyperSpec mh;
     mh.name = h.getName().str();
@@ -352,10 +381,20 @@ driver::buildBundle(const CompileJob &job,
     return makeError("cannot create " + tmpDir + ": " + ec.message());
   llvm::scope_exit cleanup([&] { llvm::sys::fs::remove_directories(tmpDir); });
 
+  // One job per kernel of the bundle (the step; with an accumulator also
+  // accumulate, step_accumulated and step_fused): each kernel is its own
+  // file with its own ABI description (the same: one table for all).
+  std::vector<abi::KernelKind> kinds = kernelKinds(job);
+  std::vector<CompileJob> kindJobs;
+  for (abi::KernelKind kind : kinds)
+    kindJobs.push_back(jobForKernel(job, kind));
+
   if (llvm::is_contained(targets, "cpu")) {
     for (const target::HostCPU &cpu : resolveHostCPUs(options)) {
-      auto cpuModule =
-          lowerToHostLLVM(job, cpu, "lowering " + name + " to the CPU failed");
+     for (size_t ki = 0; ki < kinds.size(); ++ki) {
+      std::string symbol = name + abi::kernel_kind_suffix(kinds[ki]);
+      auto cpuModule = lowerToHostLLVM(
+          kindJobs[ki], cpu, "lowering " + symbol + " to the CPU failed");
       if (!cpuModule)
         return cpuModule.takeError();
       auto obj = target::emitHostObject(**cpuModule, cpu);
@@ -365,11 +404,11 @@ driver::buildBundle(const CompileJob &job,
       // own object: the kernel's code is untouched), which the runtime
       // checks against the manifest it is given.
       auto abiObj = target::emitDataObject(
-          cpu, name + abi::kKernelAbiSymbolSuffix,
+          cpu, symbol + abi::kKernelAbiSymbolSuffix,
           abi::kernel_abi_description(info));
       if (!abiObj)
         return abiObj.takeError();
-      std::string base = name + "." + cpu.name;
+      std::string base = symbol + "." + cpu.name;
       llvm::SmallString<256> objPath(tmpDir), abiPath(tmpDir), soPath(tmpDir);
       llvm::sys::path::append(objPath, base + ".o");
       llvm::sys::path::append(abiPath, base + ".abi.o");
@@ -389,8 +428,10 @@ driver::buildBundle(const CompileJob &job,
       k.cpu = cpu.name;
       k.features = cpu.requires_;
       k.file = base + ".so";
-      k.symbol = name;
+      k.symbol = symbol;
+      k.kind = kinds[ki];
       info.kernels.push_back(k);
+     }
     }
   }
 
@@ -398,9 +439,11 @@ driver::buildBundle(const CompileJob &job,
   if (options.runPtxas)
     ptxas = target::findPtxas();
   for (const std::string &chip : targets) {
-    if (chip == "cpu")
-      continue;
-    auto ptx = emitPTXText(job, chip, options);
+   if (chip == "cpu")
+     continue;
+   for (size_t ki = 0; ki < kinds.size(); ++ki) {
+    std::string symbol = name + abi::kernel_kind_suffix(kinds[ki]);
+    auto ptx = emitPTXText(kindJobs[ki], chip, options);
     if (!ptx)
       return ptx.takeError();
     // The kernel's ABI description as a module-scope global after the
@@ -413,9 +456,9 @@ driver::buildBundle(const CompileJob &job,
         return makeError("lowering " + name + " to " + chip +
                          ": the PTX has no .address_size line");
       ptx->insert(eol + 1, "\n" + abi::ptx_kernel_abi_global(
-                                     name, abi::kernel_abi_description(info)));
+                                     symbol, abi::kernel_abi_description(info)));
     }
-    std::string base = name + "." + chip;
+    std::string base = symbol + "." + chip;
     llvm::SmallString<256> ptxPath(tmpDir);
     llvm::sys::path::append(ptxPath, base + ".ptx");
     if (auto err = writeFile(ptxPath.str().str(), *ptx))
@@ -423,10 +466,17 @@ driver::buildBundle(const CompileJob &job,
     abi::KernelEntry k;
     k.target = chip;
     k.file = base + ".ptx";
-    k.symbol = name;
+    k.symbol = symbol;
+    k.kind = kinds[ki];
     k.threads_per_block = abi::kGpuThreadsPerBlock;
-    k.elements_per_thread =
-        int(gpuElementsPerThread(kernel, options.gpuBytesPerThread));
+    {
+      auto kindModule = expandEncodings(kindJobs[ki]);
+      if (!kindModule)
+        return kindModule.takeError();
+      k.elements_per_thread = int(gpuElementsPerThread(
+          *(*kindModule)->getOps<KernelOp>().begin(),
+          options.gpuBytesPerThread));
+    }
     if (ptxas) {
       auto assembled = target::runPtxas(*ptxas, *ptx, chip);
       if (!assembled)
@@ -441,6 +491,7 @@ driver::buildBundle(const CompileJob &job,
       k.spill_loads = int(assembled->spillLoads);
     }
     info.kernels.push_back(k);
+   }
   }
 
   llvm::SmallString<256> manifestPath(tmpDir);
@@ -459,9 +510,15 @@ driver::buildBundle(const CompileJob &job,
 // One job to one stage
 //===----------------------------------------------------------------------===//
 
-llvm::Expected<CompileResult> driver::compile(const CompileJob &job,
+llvm::Expected<CompileResult> driver::compile(const CompileJob &bundleJob,
                                               const DriverOptions &options,
                                               llvm::raw_ostream &out) {
+  // The single-kernel stages make the kernel options.kernel asks for.
+  std::optional<CompileJob> kindJob;
+  if (options.kernel != abi::KernelKind::Step &&
+      options.emit != EmitStage::Bundle && options.emit != EmitStage::MLIR)
+    kindJob = jobForKernel(bundleJob, options.kernel);
+  const CompileJob &job = kindJob ? *kindJob : bundleJob;
   auto targets = resolveTargets(job, options);
   if (!targets)
     return targets.takeError();
@@ -497,7 +554,9 @@ llvm::Expected<CompileResult> driver::compile(const CompileJob &job,
         return makeError("cannot create " + options.outputDir + ": " +
                          ec.message());
       llvm::SmallString<256> path(options.outputDir);
-      llvm::sys::path::append(path, job.getName() + "." + cpu.name + ".o");
+      llvm::sys::path::append(path, job.getName() +
+                                          abi::kernel_kind_suffix(options.kernel) +
+                                          "." + cpu.name + ".o");
       if (auto err = writeFile(path.str().str(), *obj))
         return std::move(err);
     }

@@ -109,6 +109,20 @@ std::optional<DType> parseDType(std::string_view s) noexcept {
   return parseIn(kDTypes, s);
 }
 
+const char *spelling(Accumulator v) noexcept {
+  switch (v) {
+  case Accumulator::None:
+    return "none";
+  case Accumulator::F32:
+    return "f32";
+  case Accumulator::BF16I8:
+    return "bf16+i8";
+  case Accumulator::BF16:
+    return "bf16";
+  }
+  return "?";
+}
+
 std::optional<Correction> parseCorrection(std::string_view s) noexcept {
   if (s == "none")
     return Correction::None;

@@ -58,7 +58,10 @@ constexpr std::size_t kMaxRuleBytes = 64u << 20;
 
 const std::vector<std::string> kTopKeys = {"name",   "rule",  "description",
                                            "param",  "grad",  "group_size",
-                                           "states", "hyper", "targets"};
+                                           "states", "hyper", "targets",
+                                           "accumulator"};
+const std::vector<std::string> kAccumulators = {"none", "f32", "bf16+i8",
+                                                "bf16"};
 const std::vector<std::string> kParamKeys = {"dtype", "correction"};
 const std::vector<std::string> kRuleKeys = {"file"};
 const std::vector<std::string> kEncodingKeys = {"storage", "group", "compand",
@@ -405,6 +408,7 @@ private:
   void checkDescription(const json &doc);
   void checkParam(const json &doc);
   void checkGrad(const json &doc);
+  void checkAccumulator(const json &doc);
   void checkGroupSize(const json &doc);
   void checkStates(const json &doc);
   void checkEncoding(const json &enc, const std::string &ptr, StateSpec &state);
@@ -462,6 +466,7 @@ std::optional<Spec> SpecParser::run(std::vector<Diagnostic> &out) {
     checkDescription(doc);
     checkParam(doc);
     checkGrad(doc);
+    checkAccumulator(doc);
     checkGroupSize(doc);
     checkStates(doc);
     checkGroupConsistency();
@@ -642,6 +647,33 @@ void SpecParser::checkGrad(const json &doc) {
   }
   if (auto s = oneOf(*it, "/grad", kDTypes))
     spec.grad = {*parseDType(*s), true, valueLoc("/grad")};
+}
+
+void SpecParser::checkAccumulator(const json &doc) {
+  auto it = doc.find("accumulator");
+  if (it == doc.end()) {
+    setDefault(spec.accumulator, Accumulator::None, "", "accumulator");
+    return;
+  }
+  // `true` asks for accumulation with the default encoding (f32).
+  if (it->is_boolean()) {
+    spec.accumulator = {it->get<bool>() ? Accumulator::F32 : Accumulator::None,
+                        true, valueLoc("/accumulator")};
+    return;
+  }
+  if (!it->is_string()) {
+    expected("/accumulator",
+             "one of " + quoteList(kAccumulators) + " or a boolean", *it);
+    return;
+  }
+  auto s = oneOf(*it, "/accumulator", kAccumulators);
+  if (!s)
+    return;
+  Accumulator a = *s == "f32"       ? Accumulator::F32
+                  : *s == "bf16+i8" ? Accumulator::BF16I8
+                  : *s == "bf16"    ? Accumulator::BF16
+                                    : Accumulator::None;
+  spec.accumulator = {a, true, valueLoc("/accumulator")};
 }
 
 void SpecParser::checkGroupSize(const json &doc) {

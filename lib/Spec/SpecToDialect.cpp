@@ -133,6 +133,20 @@ void applySpec(const spec::Spec &s, OptimizerOp op, Reporter &rep) {
     correction = IntegerType::get(ctx, 16);
   op.setParamAttr(MasterAttr::get(ctx, paramType, correction));
   op.setGrad(dtypeType(ctx, s.grad.value));
+  switch (s.accumulator.value) {
+  case spec::Accumulator::None:
+    break;
+  case spec::Accumulator::F32:
+    op.setAccumulateAttr(MasterAttr::get(ctx, Float32Type::get(ctx), Type()));
+    break;
+  case spec::Accumulator::BF16I8:
+    op.setAccumulateAttr(MasterAttr::get(ctx, BFloat16Type::get(ctx),
+                                         IntegerType::get(ctx, 8)));
+    break;
+  case spec::Accumulator::BF16:
+    op.setAccumulateAttr(MasterAttr::get(ctx, BFloat16Type::get(ctx), Type()));
+    break;
+  }
 
   SmallVector<StateOp> states = getStates(op);
   std::vector<std::string> stateNames;

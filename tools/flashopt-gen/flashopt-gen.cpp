@@ -97,6 +97,13 @@ cl::opt<int> gpuBytesPerThread(
              "0 = chosen per kernel)"),
     cl::init(0), cl::cat(genCategory), cl::Hidden);
 
+cl::opt<std::string> kernelKind(
+    "kernel",
+    cl::desc("Which kernel --emit=kernel-ir/llvm/obj/ptx makes: step (the "
+             "default), or for a spec with an accumulator accumulate, "
+             "step_accumulated, step_fused (a bundle has them all)"),
+    cl::init("step"), cl::cat(genCategory));
+
 cl::opt<bool> noPtxas(
     "no-ptxas",
     cl::desc("Do not assemble cubins with ptxas even when it is installed"),
@@ -207,6 +214,12 @@ int main(int argc, char **argv) {
   options.tritonCompat = tritonCompatOpt;
   options.gpuBytesPerThread = gpuBytesPerThread;
   options.runPtxas = !noPtxas;
+  if (!::flashopt::abi::parse_kernel_kind(kernelKind, options.kernel)) {
+    llvm::errs() << "flashopt-gen: error: --kernel=" << kernelKind
+                 << ": expected one of step, accumulate, step_accumulated, "
+                    "step_fused\n";
+    return 1;
+  }
 
   for (const driver::CompileJob &job : jobs) {
     auto result = driver::compile(job, options, llvm::outs());

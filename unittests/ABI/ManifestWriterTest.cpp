@@ -189,3 +189,39 @@ TEST_CASE("the kernel ABI description is found in a PTX global, a cubin or a "
   std::string two = ".global .align 4 .u32 other[1] = {7};\n" + ptx;
   CHECK(find_kernel_abi_description(two) == desc);
 }
+
+TEST_CASE("an accumulator: its buffers, bytes and kernel kinds survive a "
+          "round trip, and a kind without one is refused") {
+  Manifest m = adamwModel();
+  m.accumulator = AccumulatorSpec{DType::BF16, DType::I8};
+  KernelEntry acc = m.kernels[0];
+  acc.kind = KernelKind::Accumulate;
+  acc.symbol = "adamw_like" + kernel_kind_suffix(KernelKind::Accumulate);
+  m.kernels.push_back(acc);
+  complete_manifest(m);
+  REQUIRE(m.buffers.size() == 9);
+  CHECK(m.buffers[3].name == "accum");
+  CHECK(m.buffers[3].role == BufferRole::Accum);
+  CHECK(m.buffers[4].name == "accum_correction");
+  CHECK(m.buffers[4].dtype == DType::I8);
+  CHECK(m.bytes_per_param.accumulator == doctest::Approx(3.0));
+  CHECK(m.bytes_per_param.total == doctest::Approx(10.125));
+  std::string text = write_manifest(m);
+  CHECK(text.find("\"kind\": \"accumulate\"") != std::string::npos);
+  auto back = parse_manifest(text, "acc/manifest.json");
+  REQUIRE_MESSAGE(back.ok(), back.error());
+  REQUIRE(back->accumulator);
+  CHECK(back->accumulator->correction == DType::I8);
+  CHECK(back->kernels[2].kind == KernelKind::Accumulate);
+  CHECK(back->find_kernel(KernelKind::Accumulate, "cpu", "x86-64-v3") !=
+        nullptr);
+  CHECK(back->find_kernel(KernelKind::StepFused, "cpu") == nullptr);
+  CHECK(write_manifest(*back) == text);
+
+  // Without the accumulator, the accumulate kernel is an error.
+  Manifest plain = adamwModel();
+  plain.kernels.push_back(acc);
+  auto bad = parse_manifest(write_manifest(plain), "bad/manifest.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().find("needs an accumulator") != std::string::npos);
+}

@@ -68,6 +68,10 @@ struct DriverOptions {
   int64_t gpuBytesPerThread = 0;
   /// Assemble cubins with ptxas when it is installed.
   bool runPtxas = true;
+  /// Which kernel the single-kernel emit stages (kernel-ir, llvm, obj, ptx)
+  /// make; a bundle has every kernel its optimizer has (docs/KERNEL-ABI.md
+  /// "Gradient accumulation").
+  abi::KernelKind kernel = abi::KernelKind::Step;
 };
 
 /// One optimizer to compile, with where it came from.
@@ -89,6 +93,15 @@ struct CompileJob {
     return mlir::flashopt::OptimizerOp(optimizer).getSymName();
   }
 };
+
+/// The kernels a bundle of `job` has: the step, and with an accumulator the
+/// accumulate, step_accumulated and step_fused kernels too.
+std::vector<abi::KernelKind> kernelKinds(const CompileJob &job);
+
+/// A copy of `job` whose expansion makes the `kind` kernel (its optimizer
+/// carries `flashopt.kernel_kind`; the kernel symbol is the optimizer's name
+/// plus abi::kernel_kind_suffix).
+CompileJob jobForKernel(const CompileJob &job, abi::KernelKind kind);
 
 /// A failure whose diagnostics were already written (to the diagnostics
 /// stream or through the MLIR context's handler); its message is empty.

@@ -82,6 +82,14 @@ enum class DType { BF16, F16, F32 };
 /// The correction term of the master weight (docs/NUMERICS.md §1).
 enum class Correction { None, I8, I16 };
 
+/// The gradient accumulator's encoding (docs/NUMERICS.md §6, docs/SPEC.md
+/// "accumulator"): none (the optimizer cannot accumulate), f32, bf16 with an
+/// i8 correction term (the master-weight split of §1, 3 B/param), bf16.
+enum class Accumulator { None, F32, BF16I8, BF16 };
+
+/// The spelling used in spec files ("none", "f32", "bf16+i8", "bf16").
+const char *spelling(Accumulator v) noexcept;
+
 /// How a state is stored: quantized codes (I8, UI8), plain floats (F32, BF16,
 /// F16), or not at all (None: the state is elided).
 enum class Storage { I8, UI8, F32, BF16, F16, None };
@@ -254,6 +262,8 @@ struct Spec {
   Located<Correction> correction;
   /// "grad" (the parameter dtype when not given).
   Located<DType> grad;
+  /// "accumulator" (None when not given; `true` means F32).
+  Located<Accumulator> accumulator;
 
   /// The group size of every quantized state. `given` and `loc` describe
   /// "group_size". When "group_size" is not written, the first "group" a

@@ -350,6 +350,35 @@ FLASHOPT_API flashopt_status flashopt_step(flashopt_optimizer opt);
  *  flashopt_step, bit for bit. */
 FLASHOPT_API flashopt_status flashopt_step_param(flashopt_optimizer opt,
                                                  int64_t index);
+/** Gradient accumulation (docs/RUNTIME.md "Gradient accumulation"; the
+ *  bundle's spec needs an "accumulator", else FLASHOPT_ERROR_UNSUPPORTED
+ *  naming it). Adds every parameter's current gradient to its accumulator
+ *  (reserved by the runtime, in the spec's encoding: f32, bf16 + i8 or bf16)
+ *  with the generated accumulate kernel. The next flashopt_step ends the
+ *  accumulation: its fused kernel adds that last gradient, divides the sum
+ *  by N (the micro-batches, that one included) or by the normalizer, steps
+ *  and zeroes the accumulators — bit-identical to accumulating the last
+ *  micro-batch too and stepping on the accumulator. While micro-batches are
+ *  pending flashopt_step_param is refused (FLASHOPT_ERROR_STATE). CPU
+ *  contexts, without a communicator, clipping or the skip policy, so far
+ *  (FLASHOPT_ERROR_UNSUPPORTED otherwise). */
+FLASHOPT_API flashopt_status flashopt_accumulate(flashopt_optimizer opt);
+/** flashopt_accumulate for parameter `index` only; every parameter must
+ *  have the same number of micro-batches at the next flashopt_step. */
+FLASHOPT_API flashopt_status flashopt_accumulate_param(flashopt_optimizer opt,
+                                                       int64_t index);
+/** What the step after an accumulation divides the summed gradient by
+ *  (for example a token count), instead of the number of micro-batches;
+ *  0 (the default) means the number of micro-batches. Folded into
+ *  "grad_scale" for that step. */
+FLASHOPT_API flashopt_status
+flashopt_set_accumulation_normalizer(flashopt_optimizer opt,
+                                     double normalizer);
+/** The micro-batches parameter `index` has accumulated since the last
+ *  step. */
+FLASHOPT_API flashopt_status flashopt_get_accumulated(flashopt_optimizer opt,
+                                                      int64_t index,
+                                                      int64_t *out);
 /** Gradient-norm clipping (torch's clip_grad_norm_ with the L2 norm): before
  *  each flashopt_step, the global norm of the gradients is computed in a
  *  fixed order (in double: the same bits for any thread count; each param
@@ -403,6 +432,8 @@ typedef struct flashopt_memory_report {
   int64_t allocated_bytes;
   double bytes_per_param;                    /* total / numel */
   double bytes_per_param_with_grad_release;  /* (total - grad) / numel */
+  /* The gradient accumulator (0 without one); included in total_bytes. */
+  int64_t accumulator_bytes;
 } flashopt_memory_report;
 
 FLASHOPT_API flashopt_status flashopt_memory_report_get(flashopt_optimizer opt,

@@ -120,6 +120,8 @@ struct ParamRec {
   int32_t group = 0;
   std::vector<int64_t> shape;
   int64_t step = 0;
+  /// Micro-batches added to the accumulator since the last step.
+  int64_t accumulated = 0;
   uintptr_t param = 0;
   int64_t paramBytes = 0;
 };
@@ -140,6 +142,9 @@ struct OptObj {
   flashopt_nonfinite_policy policy = FLASHOPT_NONFINITE_PROPAGATE;
   /// Gradient-norm clipping (0: off) and the last norm computed (-1: none).
   double maxGradNorm = 0.0, lastGradNorm = -1.0;
+  /// Gradient accumulation: what the accumulated gradient is divided by
+  /// (0: the number of micro-batches).
+  double accumNormalizer = 0.0;
   /// Replicated data parallelism, once a communicator is attached.
   std::unique_ptr<dist::DataParallel> dp;
 

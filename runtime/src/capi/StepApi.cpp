@@ -46,6 +46,10 @@ extern "C" {
 flashopt_status flashopt_step(flashopt_optimizer opt) {
   return guard("flashopt_step", [&] {
     Locked o(opt);
+    if (accumulationPending(*o)) {
+      stepAccumulated(*o);
+      return;
+    }
     std::vector<int64_t> all(o->params.size());
     for (size_t i = 0; i < all.size(); ++i)
       all[i] = int64_t(i);
@@ -106,6 +110,11 @@ flashopt_status flashopt_step_param(flashopt_optimizer opt, int64_t index) {
   return guard("flashopt_step_param", [&] {
     Locked o(opt);
     checkIndex(*o, index);
+    if (accumulationPending(*o))
+      fail(FLASHOPT_ERROR_STATE,
+           o->describe(index) + ": gradient release is not possible with "
+                                "gradient accumulation (micro-batches are "
+                                "accumulated; end them with flashopt_step)");
     if (o->maxGradNorm > 0.0)
       fail(FLASHOPT_ERROR_STATE,
            o->describe(index) + ": gradient release is not possible with "
@@ -228,6 +237,7 @@ flashopt_status flashopt_memory_report_get(flashopt_optimizer opt,
     r.total_bytes = b.total;
     r.total_bytes_with_grad_release = b.total_with_grad_release;
     r.allocated_bytes = b.runtime_allocated;
+    r.accumulator_bytes = b.accumulator;
     r.bytes_per_param = b.numel ? double(b.total) / double(b.numel) : 0.0;
     r.bytes_per_param_with_grad_release =
         b.numel ? double(b.total_with_grad_release) / double(b.numel) : 0.0;

@@ -37,6 +37,13 @@ void restoreGradScales(OptObj &o, const std::vector<float> &saved);
 /// backend cannot scan them).
 bool gradsFinite(OptObj &o, const std::vector<int64_t> &idx);
 
+/// Whether a parameter has accumulated micro-batches since the last step.
+bool accumulationPending(const OptObj &o);
+/// The step that ends an accumulation (AccumulateApi.cpp): the fused step
+/// kernel over every parameter, the gradient scaled by 1/N or
+/// 1/normalizer, the accumulators zeroed.
+void stepAccumulated(OptObj &o);
+
 } // namespace flashopt::capi
 
 #endif // FLASHOPT_CAPI_STEPPING_H

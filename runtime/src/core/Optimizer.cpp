@@ -46,7 +46,8 @@ struct Optimizer::Impl {
 
   bool runtimeOwned(size_t b) const {
     BufferRole r = m->buffers[b].role;
-    return r == BufferRole::Correction || r == BufferRole::State;
+    return r == BufferRole::Correction || r == BufferRole::State ||
+           r == BufferRole::Accum;
   }
 
   /// The address of element/group 0 of buffer b of tensor i.
@@ -378,8 +379,22 @@ Status Optimizer::step() {
   return Status::success();
 }
 
-Status Optimizer::step_tensors(const std::vector<int64_t> &indices, int64_t t) {
+Status Optimizer::accumulate_tensors(const std::vector<int64_t> &indices) {
+  if (!impl_->m->accumulator)
+    return Status::error(
+        "accumulate: " + impl_->m->name +
+        " has no gradient accumulator (its spec has no \"accumulator\"; add "
+        "\"accumulator\": \"f32\" and regenerate it, docs/SPEC.md)");
+  return step_tensors(indices, 1, abi::KernelKind::Accumulate);
+}
+
+Status Optimizer::step_tensors(const std::vector<int64_t> &indices, int64_t t,
+                               abi::KernelKind kernel) {
   Impl &I = *impl_;
+  if (kernel != abi::KernelKind::Step && !I.m->accumulator)
+    return Status::error(std::string("step: ") + I.m->name + " has no " +
+                         abi::kernel_kind_name(kernel) +
+                         " kernel (no gradient accumulator)");
   if (Status s = check_step_indices(I.tensors, indices); !s)
     return s;
   if (Status s = I.hypers->check_complete(); !s)
@@ -393,6 +408,7 @@ Status Optimizer::step_tensors(const std::vector<int64_t> &indices, int64_t t) {
     const int64_t a = indices.front(), b = indices.back() + 1;
     LaunchRequest r;
     r.step = t;
+    r.kernel = kernel;
     if (b - a == int64_t(indices.size())) {
       r.first_record = I.recordStart[size_t(a)];
       r.num_records = I.recordStart[size_t(b)] - I.recordStart[size_t(a)];

@@ -192,10 +192,13 @@ BytesReport compute_bytes_report(const Manifest &m,
     case BufferRole::State:
       r.states += bytes;
       break;
+    case BufferRole::Accum:
+      r.accumulator += bytes;
+      break;
     }
   }
   r.runtime_allocated = runtime_allocated;
-  r.total = r.param + r.correction + r.grad + r.states;
+  r.total = r.param + r.correction + r.grad + r.states + r.accumulator;
   r.total_with_grad_release = r.total - r.grad;
   if (r.numel > 0) {
     double n = double(r.numel);
@@ -203,6 +206,7 @@ BytesReport compute_bytes_report(const Manifest &m,
     r.per_param.correction = double(r.correction) / n;
     r.per_param.grad = double(r.grad) / n;
     r.per_param.states = double(r.states) / n;
+    r.per_param.accumulator = double(r.accumulator) / n;
     r.per_param.total = double(r.total) / n;
     r.per_param.total_with_grad_release = double(r.total_with_grad_release) / n;
   }

@@ -203,7 +203,10 @@ public:
       firsts[size_t(k)] =
           records[k * R + abi::kRecordFirstGroup] - r.group_begin;
     std::vector<Chunk> cs = chunks(r.group_end - r.group_begin, firsts);
-    KernelFn fn = bundle_->fn();
+    KernelFn fn = bundle_->fn(r.kernel);
+    if (!fn)
+      return Status::error(std::string("step: ") + m_->name + " has no " +
+                           abi::kernel_kind_name(r.kernel) + " kernel");
     const float *h = hypers.values().data();
     const int64_t n = r.num_records, t = r.step, base = r.group_begin;
     if (cs.size() == 1 || !pool_) {

@@ -96,6 +96,8 @@ Status check_kernel_abi(const Manifest &m, void *handle, const KernelEntry &k,
 }
 
 Bundle::~Bundle() {
+  for (void *h : extra_handles_)
+    dlclose(h);
   if (handle_)
     dlclose(handle_);
 }
@@ -126,7 +128,8 @@ Expected<std::shared_ptr<Bundle>> Bundle::load(const std::string &dir,
     std::string targets;
     for (size_t i = 0; i < m->kernels.size(); ++i) {
       targets += (targets.empty() ? "" : ", ") + m->kernels[i].target;
-      if (m->kernels[i].target == "cpu")
+      if (m->kernels[i].target == "cpu" &&
+          m->kernels[i].kind == abi::KernelKind::Step)
         cpuKernels.push_back(i);
     }
     if (cpuKernels.empty())
@@ -206,6 +209,40 @@ Expected<std::shared_ptr<Bundle>> Bundle::load(const std::string &dir,
       if (Status s = check_kernel_abi(b->manifest_, b->handle_, k, mpath); !s)
         return s;
     b->fn_ = reinterpret_cast<KernelFn>(sym);
+    // With an accumulator: the accumulation kernels of the same flavour.
+    if (b->manifest_.accumulator) {
+      for (abi::KernelKind kind : abi::kKernelKinds) {
+        if (kind == abi::KernelKind::Step)
+          continue;
+        const KernelEntry *e = b->manifest_.find_kernel(kind, "cpu", k.cpu);
+        if (!e)
+          return Status::error(mpath + ": field 'kernels': no " +
+                               abi::kernel_kind_name(kind) +
+                               " kernel for cpu " + quote(k.cpu) +
+                               " (a bundle with an accumulator has one per "
+                               "flavour)");
+        std::string path = (!e->file.empty() && e->file[0] == '/')
+                               ? e->file
+                               : dir + "/" + e->file;
+        dlerror();
+        void *h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+          const char *err = dlerror();
+          return Status::error(mpath + ": cannot load kernel " +
+                               quote(e->file) + ": " +
+                               (err ? err : "dlopen failed"));
+        }
+        b->extra_handles_.push_back(h);
+        void *f = dlsym(h, e->symbol.c_str());
+        if (!f)
+          return Status::error(mpath + ": kernel " + quote(e->file) +
+                               " has no symbol " + quote(e->symbol));
+        if (opts.check_kernel_abi)
+          if (Status s = check_kernel_abi(b->manifest_, h, *e, mpath); !s)
+            return s;
+        b->extra_fns_[size_t(kind)] = reinterpret_cast<KernelFn>(f);
+      }
+    }
     return Expected<std::shared_ptr<Bundle>>(std::move(b));
   } catch (const std::exception &e) {
     return Status::error(dir + ": " + e.what());

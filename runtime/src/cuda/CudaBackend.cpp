@@ -173,6 +173,12 @@ public:
 
   Status launch(const LaunchRequest &r, const std::vector<int64_t> &table,
                 uint64_t tableGeneration, const HyperTable &hypers) override {
+    if (r.kernel != abi::KernelKind::Step)
+      return Status::error(std::string("gradient accumulation (the ") +
+                           abi::kernel_kind_name(r.kernel) +
+                           " kernel) is not supported on CUDA contexts yet: "
+                           "the bundle has the GPU kernels, the CUDA runtime "
+                           "does not load them yet");
     const int64_t blk = block();
     const int64_t grd = grid(r.group_end - r.group_begin);
     // The kernels take group_begin/end and the grid-stride index in 32 bits.

@@ -144,3 +144,12 @@ flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
     flashopt.yield %theta : f32
   }
 }
+
+// -----
+
+// expected-error @+1 {{accumulator must be #flashopt.master<f32>, #flashopt.master<bf16, correction = i8> or #flashopt.master<bf16>, got #flashopt.master<f16>}}
+flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) accumulate(#flashopt.master<f16>) {
+  flashopt.update(%theta: f32, %g: f32) {
+    flashopt.yield %theta : f32
+  }
+}

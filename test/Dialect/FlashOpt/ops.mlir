@@ -81,3 +81,14 @@ func.func @raw(%base: i64, %i: index, %mask: vector<8xi1>, %v: vector<8xbf16>) -
   flashopt.raw_store %a, %base[%i] mask(%mask : vector<8xi1>) {alignment = 2} : vector<8xbf16>
   return %b : vector<8xbf16>
 }
+
+// -----
+
+// A gradient accumulator (bf16 + i8) round-trips.
+// CHECK-LABEL: flashopt.optimizer @with_accumulator
+// CHECK-SAME: grad(bf16) accumulate(#flashopt.master<bf16, correction = i8>) {
+flashopt.optimizer @with_accumulator param(#flashopt.master<bf16>) grad(bf16) accumulate(#flashopt.master<bf16, correction = i8>) {
+  flashopt.update(%theta: f32, %g: f32) {
+    flashopt.yield %theta : f32
+  }
+}

@@ -59,6 +59,28 @@ inline constexpr int kGpuThreadsPerBlock = 256;
 inline constexpr const char *kGradScaleHyper = "grad_scale";
 
 /// The C signature of every step kernel, as the manifest states it.
+/// What a kernel of a bundle does (docs/KERNEL-ABI.md "Gradient
+/// accumulation"). Every kernel of a bundle has the signature below and
+/// reads the same tensor table and hyper table; only an optimizer with an
+/// accumulator has the last three.
+enum class KernelKind {
+  Step,            ///< the step, reading `grad`
+  Accumulate,      ///< accum = encode(decode(accum) + grad); nothing else
+  StepAccumulated, ///< the step reading decode(accum) as its gradient
+  StepFused,       ///< the step reading decode(encode(decode(accum) + grad))
+};
+inline constexpr KernelKind kKernelKinds[] = {
+    KernelKind::Step, KernelKind::Accumulate, KernelKind::StepAccumulated,
+    KernelKind::StepFused};
+/// "step", "accumulate", "step_accumulated", "step_fused" (the manifest's
+/// kernels[].kind).
+const char *kernel_kind_name(KernelKind k);
+/// The kind called `name`, or false.
+bool parse_kernel_kind(std::string_view name, KernelKind &out);
+/// Appended to the optimizer's name to make the kernel's symbol: "" for the
+/// step, "__accumulate", "__step_accumulated", "__step_fused".
+std::string kernel_kind_suffix(KernelKind k);
+
 inline constexpr const char *kKernelSignature =
     "void symbol(const int64_t *table, int64_t ntensors, const float "
     "*hypers, int64_t step, int64_t group_begin, int64_t group_end)";

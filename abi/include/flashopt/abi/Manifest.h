@@ -73,7 +73,9 @@ struct StateSpec {
 
 enum class Per { Element, Group };
 
-enum class BufferRole { Param, Correction, Grad, State };
+/// Accum: the gradient accumulator ("accum" and, for bf16 + i8,
+/// "accum_correction"), owned by the runtime like a state.
+enum class BufferRole { Param, Correction, Grad, State, Accum };
 
 struct BufferSpec {
   std::string name;
@@ -89,6 +91,8 @@ struct KernelEntry {
   std::vector<std::string> features; ///< __builtin_cpu_supports spellings
   std::string file; ///< relative to the bundle directory (GPU: the PTX)
   std::string symbol;
+  /// What the kernel does (written only when not the step).
+  KernelKind kind = KernelKind::Step;
   // GPU targets only; each is optional in the manifest (0 / -1 / "" when
   // absent).
   std::string cubin;           ///< the chip's cubin, relative to the bundle
@@ -102,6 +106,15 @@ struct KernelEntry {
 struct BytesPerParam {
   double param = 0, correction = 0, grad = 0, states = 0, total = 0,
          total_with_grad_release = 0;
+  /// The gradient accumulator (written only when there is one).
+  double accumulator = 0;
+};
+
+/// A gradient accumulator's encoding (docs/NUMERICS.md §6): f32, bf16 with
+/// an i8 correction term (the master-weight split of §1), or plain bf16.
+struct AccumulatorSpec {
+  DType dtype = DType::F32;
+  std::optional<DType> correction; ///< I8 for bf16 + i8
 };
 
 struct Manifest {
@@ -118,6 +131,9 @@ struct Manifest {
   DType param = DType::F32;
   std::optional<DType> correction; ///< nullopt for "none"
   DType grad = DType::F32;
+  /// The gradient accumulator, when the spec asks for one: its buffers come
+  /// after grad, and the bundle has the accumulation kernels.
+  std::optional<AccumulatorSpec> accumulator;
   std::vector<HyperSpec> hypers;
   std::vector<StateSpec> states;
   std::vector<BufferSpec> buffers; ///< ABI order
@@ -129,6 +145,10 @@ struct Manifest {
   int hyper_index(std::string_view name) const;
   /// Index in `buffers`, or -1.
   int buffer_index(std::string_view name) const;
+  /// The first kernel of `kind` for `target` (and CPU flavour `cpu` when
+  /// not empty), or null.
+  const KernelEntry *find_kernel(KernelKind kind, std::string_view target,
+                                 std::string_view cpu = {}) const;
   /// Bytes per parameter recomputed from `buffers` and `group_size`.
   BytesPerParam computed_bytes_per_param() const;
 };

@@ -79,6 +79,19 @@ LogicalResult OptimizerOp::verify() {
   if (!isStorageFloatType(grad))
     return emitOpError() << "gradient type must be bf16, f16 or f32, got "
                          << grad;
+  // The accumulator encodings (docs/NUMERICS.md §6): f32, bf16 + i8, bf16.
+  if (MasterAttr acc = getAccumulateAttr()) {
+    Type t = acc.getParamType();
+    bool ok = t.isF32() ? !acc.hasCorrection()
+                        : t.isBF16() && (!acc.hasCorrection() ||
+                                         acc.getCorrection().isInteger(8));
+    if (!ok)
+      return emitOpError()
+             << "accumulator must be #flashopt.master<f32>, "
+                "#flashopt.master<bf16, correction = i8> or "
+                "#flashopt.master<bf16>, got "
+             << acc;
+  }
   return success();
 }
 

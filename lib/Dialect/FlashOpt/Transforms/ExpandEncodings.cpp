@@ -132,6 +132,8 @@ private:
 struct BufferPlan {
   SmallVector<Attribute> buffers;
   int64_t param = -1, correction = -1, grad = -1;
+  /// The gradient accumulator's buffers (-1 without one).
+  int64_t accum = -1, accumCorrection = -1;
   /// Per state: its kernel buffers, in the order of its encoding's
   /// getBuffers() (none for an encoding that stores nothing).
   SmallVector<SmallVector<int64_t, 2>> states;
@@ -155,6 +157,15 @@ BufferPlan planBuffers(OptimizerOp op) {
                                BufferRate::element, BufferAccess::readwrite);
   plan.grad = plan.add(ctx, "grad", op.getGrad(), BufferRate::element,
                        BufferAccess::read);
+  // The accumulator comes right after the gradient (abi::implied_buffers).
+  if (MasterAttr acc = op.getAccumulateAttr()) {
+    plan.accum = plan.add(ctx, "accum", acc.getParamType(),
+                          BufferRate::element, BufferAccess::readwrite);
+    if (acc.hasCorrection())
+      plan.accumCorrection =
+          plan.add(ctx, "accum_correction", acc.getCorrection(),
+                   BufferRate::element, BufferAccess::readwrite);
+  }
   for (StateOp state : getStates(op)) {
     StateEncodingAttrInterface encoding = state.getEncoding();
     if (std::optional<int64_t> group = encoding.getGroupSize())
@@ -211,11 +222,36 @@ void canonicalizeStoredNaNs(GroupBodyOp body) {
   }
 }
 
+/// The discardable attribute of an optimizer that selects which of its
+/// kernels this pass makes (docs/KERNEL-ABI.md "Gradient accumulation"):
+/// "step" (the default), "accumulate", "step_accumulated", "step_fused".
+constexpr llvm::StringLiteral kKernelKindAttr = "flashopt.kernel_kind";
+
 LogicalResult expandOptimizer(OptimizerOp op) {
   OpBuilder b(op);
   Location loc = op.getLoc();
   MLIRContext *ctx = op.getContext();
   BufferPlan plan = planBuffers(op);
+
+  using ::flashopt::abi::KernelKind;
+  KernelKind kind = KernelKind::Step;
+  if (Attribute a = op->getDiscardableAttr(kKernelKindAttr)) {
+    auto s = dyn_cast<StringAttr>(a);
+    if (!s || !::flashopt::abi::parse_kernel_kind(s.getValue(), kind))
+      return op.emitOpError()
+             << "'" << kKernelKindAttr
+             << "' must be one of \"step\", \"accumulate\", "
+                "\"step_accumulated\", \"step_fused\", got "
+             << a;
+    op->removeDiscardableAttr(kKernelKindAttr);
+  }
+  MasterAttr accumulator = op.getAccumulateAttr();
+  if (kind != KernelKind::Step && !accumulator)
+    return op.emitOpError()
+           << "has no accumulator (accumulate(...)), so it has no "
+           << ::flashopt::abi::kernel_kind_name(kind) << " kernel";
+  std::string kernelName =
+      (op.getSymName() + ::flashopt::abi::kernel_kind_suffix(kind)).str();
 
   SmallVector<Attribute> hyperNames;
   for (HyperOp h : getHypers(op)) {
@@ -229,23 +265,29 @@ LogicalResult expandOptimizer(OptimizerOp op) {
   // The gradient's scale, last (docs/KERNEL-ABI.md).
   hyperNames.push_back(StringAttr::get(ctx, ::flashopt::abi::kGradScaleHyper));
 
-  auto kernel = KernelOp::create(b, loc, op.getSymName(), plan.groupSize,
+  auto kernel = KernelOp::create(b, loc, kernelName, plan.groupSize,
                                  b.getArrayAttr(plan.buffers),
                                  b.getArrayAttr(hyperNames));
   // Keep the optimizer's own discardable attributes (e.g. spec metadata).
   for (NamedAttribute attr : op->getDiscardableAttrs())
     kernel->setAttr(attr.getName(), attr.getValue());
+  if (kind != KernelKind::Step)
+    kernel->setAttr(kKernelKindAttr,
+                    b.getStringAttr(::flashopt::abi::kernel_kind_name(kind)));
   Block *kernelBlock = new Block();
   kernel.getBody().push_back(kernelBlock);
 
   IRMapping mapping;
   OpBuilder kb = OpBuilder::atBlockEnd(kernelBlock);
   UpdateOp update = getUpdate(op);
-  for (Operation &inner : op.getBody().front()) {
-    if (isa<StateOp, UpdateOp>(inner))
-      continue;
-    kb.clone(inner, mapping);
-  }
+  // The accumulate kernel reads no hyper-parameter: it has no prologue (it
+  // still has every hyper-parameter column, as all kernels share one table).
+  if (kind != KernelKind::Accumulate)
+    for (Operation &inner : op.getBody().front()) {
+      if (isa<StateOp, UpdateOp>(inner))
+        continue;
+      kb.clone(inner, mapping);
+    }
   Value gradScale =
       HyperOp::create(kb, loc, kb.getF32Type(),
                       kb.getStringAttr(::flashopt::abi::kGradScaleHyper),
@@ -269,14 +311,79 @@ LogicalResult expandOptimizer(OptimizerOp op) {
   MasterAttr master = op.getParam();
   Type paramType = master.getParamType();
 
+  // The accumulator's decode (f32: as is; bf16: widened; bf16 + i8: the
+  // master-weight decode of docs/NUMERICS.md §1) and encode.
+  auto decodeAccum = [&]() -> Value {
+    Value a = load(plan.accum);
+    return accumulator.hasCorrection()
+               ? em.decodeMaster(a, load(plan.accumCorrection))
+               : em.widen(a);
+  };
+  auto encodeAccum = [&](Value sum) -> std::pair<Value, Value> {
+    Type t = accumulator.getParamType();
+    if (accumulator.hasCorrection())
+      return em.encodeMaster(sum, t, accumulator.getCorrection());
+    return {t.isF32() ? sum : em.narrow(sum, t), Value()};
+  };
+  auto storeAccum = [&](std::pair<Value, Value> encoded) {
+    StoreElementOp::create(gb, loc, plan.accum, encoded.first);
+    if (encoded.second)
+      StoreElementOp::create(gb, loc, plan.accumCorrection, encoded.second);
+  };
+  // decode(accum) + f32(grad), encoded (the accumulate kernel's result).
+  auto accumulated = [&]() {
+    // (Loads in a fixed order: the accumulator, then the gradient.)
+    Value acc = decodeAccum();
+    Value g = em.widen(load(plan.grad));
+    Value sum = arith::AddFOp::create(gb, loc, acc, g);
+    return encodeAccum(sum);
+  };
+
+  if (kind == KernelKind::Accumulate) {
+    storeAccum(accumulated());
+    canonicalizeStoredNaNs(body);
+    op.erase();
+    return success();
+  }
+
   // Decode inputs.
   Value paramValue = load(plan.param);
   Value theta = master.hasCorrection()
                     ? em.decodeMaster(paramValue, load(plan.correction))
                     : em.widen(paramValue);
-  // The gradient times its scale (exact when the scale is 1).
-  Value grad = arith::MulFOp::create(gb, loc, em.widen(load(plan.grad)),
-                                     gradScale);
+  // The gradient: the micro-batch's (step), the accumulator's
+  // (step_accumulated), or the accumulator plus this micro-batch's after
+  // the same encode → decode round trip the accumulate kernel's store and
+  // the next load make (step_fused: bit-identical to accumulate, then
+  // step_accumulated). Then times its scale (exact when the scale is 1).
+  Value rawGrad;
+  switch (kind) {
+  case KernelKind::Step:
+  case KernelKind::Accumulate:
+    rawGrad = em.widen(load(plan.grad));
+    break;
+  case KernelKind::StepAccumulated:
+    rawGrad = decodeAccum();
+    break;
+  case KernelKind::StepFused: {
+    auto [a, rho] = accumulated();
+    rawGrad = rho ? em.decodeMaster(a, rho) : em.widen(a);
+    break;
+  }
+  }
+  Value grad = arith::MulFOp::create(gb, loc, rawGrad, gradScale);
+  // The accumulated steps leave the accumulator zeroed for the next round
+  // (its bits all zero: +0, correction 0).
+  if (kind == KernelKind::StepAccumulated || kind == KernelKind::StepFused) {
+    Type t = accumulator.getParamType();
+    Value zero = arith::ConstantOp::create(gb, loc, t, gb.getFloatAttr(t, 0.0));
+    Value zeroCorr;
+    if (accumulator.hasCorrection())
+      zeroCorr = arith::ConstantOp::create(
+          gb, loc, accumulator.getCorrection(),
+          gb.getIntegerAttr(accumulator.getCorrection(), 0));
+    storeAccum({zero, zeroCorr});
+  }
   SmallVector<Value> decodedStates;
   SmallVector<StateOp> states = getStates(op);
   for (auto [state, buffers] : llvm::zip(states, plan.states)) {

@@ -44,6 +44,9 @@ struct LaunchRequest {
   int64_t group_begin = 0, group_end = 0;
   /// The step number t the kernel computes its bias corrections for.
   int64_t step = 0;
+  /// Which kernel of the bundle runs (the step, or with an accumulator the
+  /// accumulate / step_accumulated / step_fused kernels; docs/KERNEL-ABI.md).
+  abi::KernelKind kernel = abi::KernelKind::Step;
 };
 
 /// One gradient (or other floating-point buffer) to scan for NaN/Inf.

@@ -70,6 +70,11 @@ public:
   /// Full path of the loaded shared object.
   const std::string &kernel_path() const { return kernel_path_; }
   KernelFn fn() const { return fn_; }
+  /// The kernel of `kind` of the chosen CPU flavour (the step: fn()), or
+  /// null when the bundle has none (no accumulator).
+  KernelFn fn(abi::KernelKind kind) const {
+    return kind == abi::KernelKind::Step ? fn_ : extra_fns_[size_t(kind)];
+  }
   /// Looks up another symbol of the loaded object (tests); nullptr if absent.
   void *symbol(const std::string &name) const;
 
@@ -81,6 +86,10 @@ private:
   std::string kernel_path_;
   void *handle_ = nullptr;
   KernelFn fn_ = nullptr;
+  /// The accumulation kernels of the chosen flavour (indexed by KernelKind),
+  /// each from its own shared object.
+  KernelFn extra_fns_[4] = {};
+  std::vector<void *> extra_handles_;
 };
 
 /// The subdirectories of `dir` that hold a manifest.json (bundle names),

@@ -111,7 +111,13 @@ public:
   /// word 1 renumbered from 0. Stepping every tensor this way equals step()
   /// bit for bit. Fails (nothing run) on a bad index, a missing gradient or
   /// an incomplete hyper table; an empty subset only checks the hyper table.
-  Status step_tensors(const std::vector<int64_t> &indices, int64_t t);
+  Status step_tensors(const std::vector<int64_t> &indices, int64_t t,
+                      abi::KernelKind kernel = abi::KernelKind::Step);
+  /// Adds the gradients of tensors `indices` (as step_tensors) to their
+  /// accumulators: the bundle's accumulate kernel (docs/KERNEL-ABI.md
+  /// "Gradient accumulation"). An error naming the bundle when it has no
+  /// accumulator.
+  Status accumulate_tensors(const std::vector<int64_t> &indices);
   /// Whether every gradient element of tensors `indices` is finite (no NaN
   /// or +-Inf). Missing gradients and bad indices are skipped.
   Expected<bool> grads_finite(const std::vector<int64_t> &indices);

@@ -53,7 +53,8 @@ struct BytesReport {
   int64_t numel = 0;
   int64_t param = 0, correction = 0, grad = 0;
   int64_t states = 0;                  ///< every state buffer, scales included
-  int64_t total = 0;                   ///< param + correction + grad + states
+  int64_t accumulator = 0;             ///< the gradient accumulator, if any
+  int64_t total = 0; ///< param + correction + grad + states + accumulator
   int64_t total_with_grad_release = 0; ///< total - grad
   /// Bytes the runtime actually allocated (correction and state arenas,
   /// 64-element alignment padding, spare capacity and device tables

@@ -34,7 +34,12 @@ def FlashOpt_OptimizerOp : FlashOpt_Op<"optimizer", [
     `flashopt.step_count`, `flashopt.powi`), one `flashopt.state` per state,
     and exactly one `flashopt.update` whose region computes the new master
     weight and states of one element in f32. `param` says how the master
-    weight is stored, `grad` the gradient dtype.
+    weight is stored, `grad` the gradient dtype. The optional `accumulate`
+    is the encoding of a gradient accumulator (`#flashopt.master<f32>`,
+    `#flashopt.master<bf16, correction = i8>` or `#flashopt.master<bf16>`):
+    then every kernel of the optimizer has accumulator buffers, and
+    `flashopt-expand-encodings` can make its accumulate and accumulated-step
+    kernels (the discardable attribute `flashopt.kernel_kind`).
 
     ```mlir
     flashopt.optimizer @sgd param(#flashopt.master<bf16, correction = i8>) grad(bf16) {
@@ -48,10 +53,12 @@ def FlashOpt_OptimizerOp : FlashOpt_Op<"optimizer", [
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, FlashOpt_MasterAttr:$param,
-                       TypeAttr:$grad);
+                       TypeAttr:$grad,
+                       OptionalAttr<FlashOpt_MasterAttr>:$accumulate);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $sym_name `param` `(` qualified($param) `)` `grad` `(` $grad `)`
+    (`accumulate` `(` qualified($accumulate)^ `)`)?
     attr-dict-with-keyword $body
   }];
   let hasVerifier = 1;
