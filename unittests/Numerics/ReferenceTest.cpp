@@ -15,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt_reference.h"
+#include "group_division.h"
 
 #include <doctest/doctest.h>
 
@@ -489,4 +490,41 @@ TEST_CASE("bias correction: powi equals the correctly rounded beta^t for "
     INFO("beta = " << beta << ", steps checked: " << t);
     CHECK(mismatches == 0);
   }
+}
+
+TEST_CASE("flashopt-exact-group-division: reciprocal + two FMA corrections "
+          "equal the division (special values, 1e6 random cases)") {
+  // The 1e8-case run is build/bin/flashopt-group-division-check.
+  GroupDivisionResult r;
+  const float specials[] = {0.0f,        -0.0f,         1e-12f,
+                            0x1p-149f,   0x1p-126f,     1.0f,
+                            0x1.fffffep0f, 0x1p126f,    0x1.000002p126f,
+                            0x1p127f,    3.4028235e38f, 0.1f,
+                            1.0f / 3.0f, 0x1.800000p-40f};
+  for (float a : specials) {
+    if (!(a >= 1e-12f))
+      continue;
+    for (float y : specials)
+      for (float sy : {y, -y})
+        if (std::fabs(sy) <= a) {
+          checkGroupDivision(sy, a, r);
+          checkGroupDivision(a, a, r);
+          checkGroupDivision(-a, a, r);
+          checkGroupDivision(std::nextafter(a, 0.0f), a, r);
+        }
+  }
+  // Non-finite absmax: NaN (a NaN in the group) and inf.
+  for (float y : {0.0f, 1.0f, -5.0f, INFINITY, NAN}) {
+    checkGroupDivision(y, NAN, r);
+    checkGroupDivision(y, INFINITY, r);
+  }
+  CaseGenerator gen(7);
+  for (int i = 0; i < 1000000; ++i) {
+    float y, a;
+    gen.pair(y, a);
+    checkGroupDivision(y, a, r);
+  }
+  INFO("cases: " << r.cases);
+  CHECK(r.quotientMismatches == 0);
+  CHECK(r.codeMismatches == 0);
 }
