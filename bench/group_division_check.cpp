@@ -1,4 +1,4 @@
-//===- group_division_check.cpp - flashopt-exact-group-division at scale ---===//
+//===- group_division_check.cpp - The group division at scale ---------===//
 //
 // Part of flashopt.
 //

@@ -1,4 +1,4 @@
-//===- group_division.h - The quantization division without a divide -*- C++ -*-===//
+//===- group_division.h - Quantization division, no divide -*- C++ -*-===//
 //
 // Part of flashopt (test and bench code only).
 //
@@ -82,7 +82,8 @@ inline void checkGroupDivision(float y, float a, GroupDivisionResult &r) {
 /// xorshift64: deterministic cases for a seed.
 struct CaseGenerator {
   uint64_t s;
-  explicit CaseGenerator(uint64_t seed) : s(seed * 2654435761u + 88172645463325252ull) {}
+  explicit CaseGenerator(uint64_t seed)
+      : s(seed * 2654435761u + 88172645463325252ull) {}
   uint64_t next() {
     s ^= s << 13;
     s ^= s >> 7;

@@ -1,4 +1,4 @@
-//===- ExactGroupDivision.cpp - flashopt-exact-group-division --------------===//
+//===- ExactGroupDivision.cpp - flashopt-exact-group-division ----------===//
 //
 // Part of flashopt.
 //
@@ -77,9 +77,8 @@ struct FlashOptExactGroupDivisionPass
       };
       Value y = div.getLhs(), a = div.getRhs();
       // Per group (uniform): the scaling keeps 1/A a normal number.
-      Value big =
-          arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OGT, a,
-                                c(0x1p126f));
+      Value big = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OGT, a,
+                                        c(0x1p126f));
       Value s = arith::SelectOp::create(b, loc, big, c(0x1p-64f), c(1.0f));
       Value A = arith::MulFOp::create(b, loc, a, s);
       Value r = arith::DivFOp::create(b, loc, c(1.0f), A);
