@@ -293,14 +293,48 @@ inline uint32_t quantize_group(const float *x, int n, const QuantEncoding &enc,
 // Rules (docs/NUMERICS.md §3-4)
 //===----------------------------------------------------------------------===//
 
+/// Double-double product with f64 multiply, add and subtract only
+/// (Dekker), renormalized.
+inline void mulDD(double xh, double xl, double yh, double yl, double &h,
+                  double &l) {
+  auto split = [](double x, double &hi, double &lo) {
+    double t = 134217729.0 * x;
+    hi = t - (t - x);
+    lo = x - hi;
+  };
+  double p = xh * yh;
+  double a, b, c, d;
+  split(xh, a, b);
+  split(yh, c, d);
+  double err = (((a * c - p) + a * d) + b * c) + b * d;
+  double cross = xh * yl + xl * yh;
+  double e = err + cross;
+  h = p + e;
+  l = e - (h - p);
+}
+
+/// β^n correctly rounded to f32 (docs/NUMERICS.md §3): squaring in
+/// double-double, hi rounded to odd with lo as sticky, one RTNE narrowing;
+/// a NaN from a non-NaN β (Dekker's split overflowing) is ±inf.
 inline float powi(float x, int64_t n) {
-  float r = 1.0f, b = x;
+  const int64_t n0 = n;
+  double rh = 1.0, rl = 0.0, bh = double(x), bl = 0.0;
   while (n > 0) {
     if (n & 1)
-      r = r * b;
-    b = b * b;
+      mulDD(rh, rl, bh, bl, rh, rl);
+    mulDD(bh, bl, bh, bl, bh, bl);
     n >>= 1;
   }
+  uint64_t bits, loBits;
+  std::memcpy(&bits, &rh, 8);
+  std::memcpy(&loBits, &rl, 8);
+  if ((rl < 0.0 || rl > 0.0) && (bits & 1) == 0) // ordered: not for NaN
+    bits = int64_t(bits ^ loBits) >= 0 ? bits + 1 : bits - 1;
+  double odd;
+  std::memcpy(&odd, &bits, 8);
+  float r = float(odd);
+  if (std::isnan(r) && !std::isnan(x))
+    r = (x < 0.0f && (n0 & 1)) ? -INFINITY : INFINITY;
   return r;
 }
 

@@ -87,7 +87,7 @@ enum class ShflMode : uint8_t { None, Up, Down, Bfly, Idx };
 enum class Op : uint8_t {
   Mov, Ld, St, Add, Sub, MulLo, MulHi, MulWide, MadLo, MadWide, MinI, MaxI,
   NegI, AbsI, And, Or, Xor, Not, Shl, Shr, Bfe, Bfi, Prmt, Selp, SetpI, SetpF,
-  AddF, SubF, MulF, DivF, SqrtF, FmaF, AbsF, NegF, MinF, MaxF, CopysignF, Cvt,
+  AddF, SubF, MulF, DivF, SqrtF, RcpF, FmaF, AbsF, NegF, MinF, MaxF, CopysignF, Cvt,
   Shfl, Bra, Ret
 };
 
@@ -341,6 +341,19 @@ void decodeOpcode(const std::string &text, Inst &I) {
       if (isBits(I.t) && base != "add" && base != "sub")
         throw std::runtime_error(base + " takes .u/.s types");
     }
+  } else if (base == "rcp") {
+    // rcp.rn/rz/rm/rp: the IEEE reciprocal, 1 / a in the given rounding.
+    need(1);
+    I.t = types[0];
+    if (I.t != T::F32 && I.t != T::F64)
+      throw std::runtime_error("rcp of this type is not implemented");
+    if (I.rnd != Rnd::RN && I.rnd != Rnd::RZ && I.rnd != Rnd::RM &&
+        I.rnd != Rnd::RP)
+      throw std::runtime_error("rcp without an IEEE rounding modifier "
+                               "(rcp.approx) is not modelled");
+    if (I.sat || I.nanMode)
+      throw std::runtime_error(".sat/.NaN on rcp");
+    I.op = Op::RcpF;
   } else if (base == "sqrt") {
     need(1);
     I.t = types[0];
@@ -1077,6 +1090,7 @@ struct Parser {
     case Op::AbsI:
     case Op::Not:
     case Op::SqrtF:
+    case Op::RcpF:
     case Op::AbsF:
     case Op::NegF:
       count(2);
@@ -2069,6 +2083,18 @@ struct Executor {
     case Op::DivF:
     case Op::FmaF:
     case Op::SqrtF:
+    case Op::RcpF:
+      if (I.op == Op::RcpF) { // 1 / a, one IEEE rounding
+        lanes(m, [&](int l) {
+          wr(dreg, l,
+             I.t == T::F32
+                 ? uint64_t(arith32(Op::DivF, I.rnd, I.ftz, 0x3F800000u,
+                                    uint32_t(rd(A, l)), 0))
+                 : arith64(Op::DivF, I.rnd, 0x3FF0000000000000ull, rd(A, l),
+                           0));
+        });
+        return;
+      }
       if (I.t == T::F32) {
         const bool sq = I.op == Op::SqrtF, fma = I.op == Op::FmaF;
         lanes(m, [&](int l) {

@@ -15,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt_reference.h"
+#include "group_division.h"
 
 #include <doctest/doctest.h>
 
@@ -441,4 +442,89 @@ TEST_CASE("32-bit master weights track an fp32 master within 1 f32 ulp") {
     within += std::fabs(again.decoded - updated) <= ulp;
   }
   CHECK(double(within) / n >= 0.99);
+}
+
+TEST_CASE("bias correction: beta^t rounded once to f32, as the official "
+          "kernels (issue 14 item 3)") {
+  // beta2 = 0.999f, t = 3: 1 - powi by squaring in f32 gives 0x3b446800;
+  // the official 1 - pow(beta2, t) and the correctly rounded beta^t give
+  // 0x3b446900.
+  CHECK(bitsOf(1.0f - powi(0.999f, 3)) == 0x3b446900u);
+  CHECK(bitsOf(1.0f - 0.999f * (0.999f * 0.999f)) == 0x3b446800u);
+  Rule adamw("adamw", {}, 3);
+  CHECK(bitsOf(adamw.bc2) == 0x3b446900u);
+  CHECK(powi(0.5f, 0) == 1.0f);
+  CHECK(powi(0.5f, 149) == 0x1p-149f);
+  CHECK(powi(0.5f, 150) == 0.0f);
+  CHECK(powi(0.9f, 1) == 0.9f);
+  CHECK(powi(-0.5f, 3) == -0.125f);
+  // Overflow, also through Dekker's split (|x^n| > 2^996): signed infinity.
+  CHECK(powi(2.0f, 200) == INFINITY);
+  CHECK(powi(1e30f, 40) == INFINITY);
+  CHECK(powi(-2.0f, 1001) == -INFINITY);
+  CHECK(powi(-2.0f, 1000) == INFINITY);
+  CHECK(powi(-1e30f, 41) == -INFINITY);
+  CHECK(std::isnan(powi(NAN, 3)));
+  CHECK(powi(NAN, 0) == 1.0f);
+}
+
+TEST_CASE("bias correction: powi equals the correctly rounded beta^t for "
+          "every step until it underflows") {
+  // The exact beta^t to 113 bits (binary128, one rounding per step: relative
+  // error <= t * 2^-113), rounded once to f32, against the kernels' f64
+  // squaring. The betas of common configurations; every t until beta^t
+  // underflows f32 (0.9999: about 1.03e6 steps).
+  for (float beta : {0.5f, 0.8f, 0.9f, 0.95f, 0.98f, 0.99f, 0.995f, 0.998f,
+                     0.999f, 0.9995f, 0.9999f}) {
+    __float128 q = 1;
+    int64_t mismatches = 0, t = 0;
+    while (true) {
+      ++t;
+      q *= __float128(beta);
+      float want = float(q);
+      if (powi(beta, t) != want)
+        ++mismatches;
+      if (want == 0.0f)
+        break;
+    }
+    INFO("beta = " << beta << ", steps checked: " << t);
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("flashopt-exact-group-division: reciprocal + two FMA corrections "
+          "equal the division (special values, 1e6 random cases)") {
+  // The 1e8-case run is build/bin/flashopt-group-division-check.
+  GroupDivisionResult r;
+  const float specials[] = {0.0f,        -0.0f,         1e-12f,
+                            0x1p-149f,   0x1p-126f,     1.0f,
+                            0x1.fffffep0f, 0x1p126f,    0x1.000002p126f,
+                            0x1p127f,    3.4028235e38f, 0.1f,
+                            1.0f / 3.0f, 0x1.800000p-40f};
+  for (float a : specials) {
+    if (!(a >= 1e-12f))
+      continue;
+    for (float y : specials)
+      for (float sy : {y, -y})
+        if (std::fabs(sy) <= a) {
+          checkGroupDivision(sy, a, r);
+          checkGroupDivision(a, a, r);
+          checkGroupDivision(-a, a, r);
+          checkGroupDivision(std::nextafter(a, 0.0f), a, r);
+        }
+  }
+  // Non-finite absmax: NaN (a NaN in the group) and inf.
+  for (float y : {0.0f, 1.0f, -5.0f, INFINITY, NAN}) {
+    checkGroupDivision(y, NAN, r);
+    checkGroupDivision(y, INFINITY, r);
+  }
+  CaseGenerator gen(7);
+  for (int i = 0; i < 1000000; ++i) {
+    float y, a;
+    gen.pair(y, a);
+    checkGroupDivision(y, a, r);
+  }
+  INFO("cases: " << r.cases);
+  CHECK(r.quotientMismatches == 0);
+  CHECK(r.codeMismatches == 0);
 }

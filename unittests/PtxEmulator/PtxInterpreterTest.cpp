@@ -135,6 +135,14 @@ TEST_CASE("PTX interpreter: min/max NaN and signed-zero rules of the PTX ISA") {
   CHECK(binaryF32("max.ftz.f32", 1, 0x80000000u) == 0u);
 }
 
+namespace {
+float floatFromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+} // namespace
+
 TEST_CASE("PTX interpreter: IEEE arithmetic, rounding modifiers, canonical "
           "NaN") {
   const uint32_t one = bits(1.0f), tiny = bits(0x1p-30f);
@@ -166,6 +174,19 @@ TEST_CASE("PTX interpreter: IEEE arithmetic, rounding modifiers, canonical "
           "\tmov.b64 %rd3, {%r3, %r5};\n\tst.global.b64 [%rd1], %rd3;\n");
   REQUIRE_MESSAGE(r.ok, r.error);
   CHECK(r.out[0] == (uint64_t(0x80000000u) << 32 | 0x7FFFFFFFu));
+  // rcp.rn/rz: the IEEE reciprocal (flashopt-exact-group-division's 1/A).
+  r = run("\tmov.b32 %r2, 0f40400000;\n\trcp.rn.f32 %r3, %r2;\n"
+          "\trcp.rz.f32 %r5, %r2;\n"
+          "\tmov.b64 %rd3, {%r3, %r5};\n\tst.global.b64 [%rd1], %rd3;\n");
+  REQUIRE_MESSAGE(r.ok, r.error);
+  CHECK(r.out[0] ==
+        (uint64_t(bits(1.0f / 3.0f) - 1) << 32 | bits(1.0f / 3.0f)));
+  r = run("\tmov.b32 %r2, 0f7E800001;\n\trcp.rn.f32 %r3, %r2;\n" // subnormal 1/x
+          "\tmov.b32 %r4, 0f00000000;\n\trcp.rn.f32 %r5, %r4;\n"
+          "\tmov.b64 %rd3, {%r3, %r5};\n\tst.global.b64 [%rd1], %rd3;\n");
+  REQUIRE_MESSAGE(r.ok, r.error);
+  CHECK(r.out[0] == (uint64_t(bits(INFINITY)) << 32 |
+                     bits(1.0f / floatFromBits(0x7E800001u))));
 }
 
 TEST_CASE("PTX interpreter: conversions round and saturate as the PTX ISA "

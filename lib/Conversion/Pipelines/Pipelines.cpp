@@ -26,8 +26,10 @@ using namespace mlir;
 
 void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma) {
   pm.addPass(createFlashOptExpandEncodings());
-  if (fma)
+  if (fma) {
     pm.addPass(createFlashOptExactIntDivision());
+    pm.addPass(createFlashOptExactGroupDivision());
+  }
   pm.addPass(createFlashOptToCPU());
   buildCPULLVMPipeline(pm);
 }
@@ -46,6 +48,7 @@ void mlir::flashopt::buildCPULLVMPipeline(OpPassManager &pm) {
 void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
                                       const GPUPipelineOptions &options) {
   pm.addPass(createFlashOptExpandEncodings());
+  pm.addPass(createFlashOptExactGroupDivision());
   // No flashopt-exact-int-division here yet: it lets ptxas schedule SGD and
   // Lion more aggressively (48 -> 62-64 registers at 4 elements per lane),
   // which may cost occupancy; enable it once a GPU run measures it.

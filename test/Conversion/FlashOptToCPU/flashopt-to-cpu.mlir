@@ -13,8 +13,14 @@
 // CHECK:   arith.minsi %[[GE]]
 // CHECK:   scf.if
 // CHECK:     %[[LR:.*]] = flashopt.raw_load %{{.*}}[%{{.*}}] {alignment = 4 : i64} : f32
+// flashopt.powi once per tensor, in the prologue: double-double squaring in
+// f64, one narrowing to f32 (docs/NUMERICS.md §3), never in the group loop.
+// CHECK:     arith.extf %{{.*}} : f32 to f64
 // CHECK:     scf.while
+// CHECK:     arith.truncf %{{.*}} : f64 to f32
+// CHECK-NOT: f64
 // CHECK:     scf.for %[[G:.*]] =
+// CHECK-NOT: f64
 // CHECK:       %[[E:.*]] = arith.muli %[[G]], %c32
 // CHECK:       scf.if
 // CHECK:         flashopt.raw_load %{{.*}}[%[[E]]] {alignment = 4 : i64} : vector<32xf32>

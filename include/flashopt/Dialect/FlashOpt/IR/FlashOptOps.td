@@ -101,10 +101,11 @@ def FlashOpt_StepCountOp : FlashOpt_Op<"step_count", [Pure,
 def FlashOpt_PowIOp : FlashOpt_Op<"powi", [Pure]> {
   let summary = "f32 power with a non-negative integer exponent";
   let description = [{
-    `base` raised to `exponent` by binary exponentiation in f32, in exactly
-    this order of roundings (docs/NUMERICS.md §3):
-    `r = 1; b = base; while (n) { if (n & 1) r = r * b; b = b * b; n >>= 1; }`.
-    Used for bias corrections.
+    `base` raised to `exponent`, correctly rounded to f32
+    (docs/NUMERICS.md §3): binary exponentiation in double-double arithmetic
+    (f64 multiply, add and subtract only), rounded once. Every back end
+    computes the same bits. Used for bias corrections, in the kernel
+    prologue (once per tensor, never per element).
 
     ```mlir
     %p = flashopt.powi %beta1, %t : f32, i64

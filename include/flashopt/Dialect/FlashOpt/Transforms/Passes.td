@@ -77,4 +77,23 @@ def FlashOptExactIntDivision : Pass<"flashopt-exact-int-division", "::mlir::Modu
   let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
 }
 
+def FlashOptExactGroupDivision : Pass<"flashopt-exact-group-division", "::mlir::ModuleOp"> {
+  let summary = "Quantization divisions by the group absmax as one reciprocal per group";
+  let description = [{
+    Every quantized state divides each element by its group's absmax
+    (`n = y / a`, a = max(group_max(|y|), 1e-12)). This pass replaces such an
+    `arith.divf %y, %a` (the pattern is matched, so |y| <= a is known) by
+    one IEEE reciprocal per group, `r = 1 / A` with `A = a * s`
+    (s = 2^-64 where a > 2^126, else 1, so that r is a normal number),
+    and per element `Y = y * s`, `q0 = Y * r` and two FMA residual
+    corrections `q1 = fma(fma(-q0, A, Y), r, q0)`,
+    `q = fma(fma(-q1, A, Y), r, q1)`. docs/NUMERICS.md §2b proves the codes
+    bit-identical to the division's (the quotient itself is the correctly
+    rounded one wherever a code depends on it). Needs a hardware FMA:
+    flashopt-gen runs it for x86-64-v3/v4 and the GPU, not for the
+    baseline x86-64 flavour.
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
+}
+
 #endif // FLASHOPT_TRANSFORMS_PASSES_TD
