@@ -228,8 +228,8 @@ void shardedEqualsReplicated(flashopt_comm comm, const std::string &spec,
 void nanSkipsEverywhere(flashopt_comm comm) {
   Opt sh("adamw_bf16_m24", 5, {{"lr", 1e-2}});
   OK(flashopt_set_nonfinite_policy(sh.opt, FLASHOPT_NONFINITE_SKIP));
-  OK(flashopt_optimizer_attach_comm_sharded(
-      sh.opt, comm, FLASHOPT_REDUCE_DETERMINISTIC, 0));
+  OK(flashopt_optimizer_attach_comm_sharded(sh.opt, comm,
+                                            FLASHOPT_REDUCE_DETERMINISTIC, 0));
   sh.setGrads(gradsOf(sh.gdt, rank, 1));
   OK(flashopt_step(sh.opt));
   uint64_t before = sh.hash();
@@ -255,8 +255,8 @@ void memoryIsSharded(flashopt_comm comm) {
   Opt sh("adamw_bf16_m24", 5, {});
   flashopt_memory_report full{}, mine{};
   OK(flashopt_memory_report_get(rep.opt, &full));
-  OK(flashopt_optimizer_attach_comm_sharded(
-      sh.opt, comm, FLASHOPT_REDUCE_DETERMINISTIC, 0));
+  OK(flashopt_optimizer_attach_comm_sharded(sh.opt, comm,
+                                            FLASHOPT_REDUCE_DETERMINISTIC, 0));
   OK(flashopt_memory_report_get(sh.opt, &mine));
   int64_t held[2] = {mine.correction_bytes, mine.state_bytes}, sum[2] = {};
   MPI_Allreduce(held, sum, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
@@ -275,8 +275,8 @@ void memoryIsSharded(flashopt_comm comm) {
 
 void misuseIsRefused(flashopt_comm comm) {
   Opt sh("sgd_bf16_m24", 3, {{"momentum", 0.9}});
-  OK(flashopt_optimizer_attach_comm_sharded(
-      sh.opt, comm, FLASHOPT_REDUCE_DETERMINISTIC, 0));
+  OK(flashopt_optimizer_attach_comm_sharded(sh.opt, comm,
+                                            FLASHOPT_REDUCE_DETERMINISTIC, 0));
   EXPECT(flashopt_step_param(sh.opt, 0) == FLASHOPT_ERROR_STATE,
          "gradient release with sharded data parallelism");
   EXPECT(std::string(flashopt_last_error()).find("sharded") !=
@@ -291,11 +291,11 @@ void misuseIsRefused(flashopt_comm comm) {
 void modeMismatchFailsEverywhere(flashopt_comm comm) {
   Opt o("sgd_f32", 3, {});
   double t0 = MPI_Wtime();
-  flashopt_status s =
-      rank == 1 ? flashopt_optimizer_attach_comm_sharded(
-                      o.opt, comm, FLASHOPT_REDUCE_DETERMINISTIC, 0)
-                : flashopt_optimizer_attach_comm(
-                      o.opt, comm, FLASHOPT_REDUCE_DETERMINISTIC, 0);
+  flashopt_status s = rank == 1
+                          ? flashopt_optimizer_attach_comm_sharded(
+                                o.opt, comm, FLASHOPT_REDUCE_DETERMINISTIC, 0)
+                          : flashopt_optimizer_attach_comm(
+                                o.opt, comm, FLASHOPT_REDUCE_DETERMINISTIC, 0);
   double seconds = MPI_Wtime() - t0;
   std::string msg = flashopt_last_error();
   EXPECT(s == FLASHOPT_ERROR_MISMATCH, "sharded on one rank only");
@@ -330,8 +330,8 @@ void stepReference(Opt &o, int W, int k) {
 /// on its own), at 2 ranks (load after attaching) and, at -np 3, at 3 ranks.
 void checkpointsReshard(flashopt_comm world2, const std::string &spec,
                         const Hypers &hypers) {
-  const std::string dir = "/tmp/flashopt-sharded-test-" +
-                          std::to_string(getppid());
+  const std::string dir =
+      "/tmp/flashopt-sharded-test-" + std::to_string(getppid());
   const std::string path = dir + "-" + spec + ".safetensors";
   const std::string repPath = dir + "-" + spec + "-rep.safetensors";
   MPI_Comm pair;

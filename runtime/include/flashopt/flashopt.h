@@ -572,8 +572,10 @@ flashopt_optimizer_attach_comm(flashopt_optimizer opt, flashopt_comm comm,
  *  (FLASHOPT_ERROR_UNSUPPORTED on CUDA). Checkpoints are collective: every
  *  rank calls flashopt_save_checkpoint, rank 0 writes the single-process
  *  format; a load (before or after attaching, at any W) keeps each rank's
- *  shard. The state API (flashopt_get_state...) and gradient release are
- *  FLASHOPT_ERROR_STATE in this mode. */
+ *  shard. Reading correction terms or states (checkpoint save,
+ *  flashopt_export_master_f32, flashopt_check_numerics) is collective in
+ *  this mode: every rank calls it in the same order. Gradient release is
+ *  FLASHOPT_ERROR_STATE. */
 FLASHOPT_API flashopt_status
 flashopt_optimizer_attach_comm_sharded(flashopt_optimizer opt,
                                        flashopt_comm comm,

@@ -126,11 +126,10 @@ Status DataParallel::shard(Optimizer &opt,
     if (r.end == r.begin)
       continue;
     stage_.emplace_back(static_cast<size_t>((r.end - r.begin) * ges), 0);
-    void *param = static_cast<uint8_t *>(opt.tensor(int64_t(i)).param) +
-                  r.begin * pes;
-    Expected<int64_t> k = owner_->add_param(layout[i].group, param,
-                                            r.end - r.begin,
-                                            stage_.back().data());
+    void *param =
+        static_cast<uint8_t *>(opt.tensor(int64_t(i)).param) + r.begin * pes;
+    Expected<int64_t> k = owner_->add_param(
+        layout[i].group, param, r.end - r.begin, stage_.back().data());
     if (!k)
       return k.status();
     ownerIndex_[i] = *k;
@@ -139,13 +138,13 @@ Status DataParallel::shard(Optimizer &opt,
     for (const BufferSpec &spec : m.buffers) {
       if (!runtimeOwned(spec))
         continue;
-      Expected<std::vector<uint8_t>> full = opt.read_buffer(int64_t(i),
-                                                            spec.name);
+      Expected<std::vector<uint8_t>> full =
+          opt.read_buffer(int64_t(i), spec.name);
       if (!full)
         return full.status();
       auto [a, z] = byteRange(spec, G, r);
-      if (Status s = owner_->write_buffer(*k, spec.name, full->data() + a,
-                                          z - a);
+      if (Status s =
+              owner_->write_buffer(*k, spec.name, full->data() + a, z - a);
           !s)
         return s;
     }
@@ -169,10 +168,9 @@ Status DataParallel::reduce_sharded(Optimizer &opt, int bi) {
         Expected<BufferView> g = opt.buffer(pc.tensor, "grad");
         if (!g)
           return g.status();
-        if (Status s = dev.read(static_cast<const uint8_t *>(g->data) +
-                                    pc.offset * es,
-                                send.data() + (q * M + at) * es,
-                                pc.count * es);
+        if (Status s =
+                dev.read(static_cast<const uint8_t *>(g->data) + pc.offset * es,
+                         send.data() + (q * M + at) * es, pc.count * es);
             !s)
           return s;
         at += pc.count;
@@ -211,8 +209,8 @@ Status DataParallel::reduce_sharded(Optimizer &opt, int bi) {
       const OwnedRange r = ranges_[size_t(pc.tensor)];
       // Owner tensor k's gradient is stage_[k] (added in the same order).
       std::vector<uint8_t> &st = stage_[size_t(ownerIndex_[size_t(pc.tensor)])];
-      std::memcpy(st.data() + (pc.offset - r.begin) * es,
-                  mine.data() + at * es, size_t(pc.count * es));
+      std::memcpy(st.data() + (pc.offset - r.begin) * es, mine.data() + at * es,
+                  size_t(pc.count * es));
       at += pc.count;
     }
     if (!fullGrads_)
@@ -280,8 +278,8 @@ Status DataParallel::step_shards(Optimizer &opt, int64_t t) {
           return s;
         at += pc.count;
       }
-      if (Status s = comm_->all_gather(mine.data(), all.data(),
-                                       size_t(M * pes));
+      if (Status s =
+              comm_->all_gather(mine.data(), all.data(), size_t(M * pes));
           !s)
         return s;
       for (int q = 0; q < W; ++q) {
@@ -334,8 +332,7 @@ DataParallel::gather_buffer(Optimizer &opt, int64_t tensor,
       std::memcpy(mine.data(), b->data(), b->size());
     }
     std::vector<uint8_t> all(size_t(most) * size_t(W));
-    if (Status s = comm_->all_gather(mine.data(), all.data(), size_t(most));
-        !s)
+    if (Status s = comm_->all_gather(mine.data(), all.data(), size_t(most)); !s)
       return s;
     std::vector<uint8_t> out(size_t(spans.back().second), 0);
     for (int q = 0; q < W; ++q)
@@ -359,13 +356,13 @@ Status DataParallel::scatter_buffer(Optimizer &opt, int64_t tensor,
   if (!sharded() || !runtimeOwned(spec))
     return opt.write_buffer(tensor, name, data, bytes);
   const int64_t G = m.group_size, numel = layout_[size_t(tensor)].numel;
-  const int64_t whole = spec.per == Per::Group ? (numel + G - 1) / G * dtype_size(spec.dtype)
-                                               : numel * dtype_size(spec.dtype);
+  const int64_t whole = spec.per == Per::Group
+                            ? (numel + G - 1) / G * dtype_size(spec.dtype)
+                            : numel * dtype_size(spec.dtype);
   if (bytes != whole)
-    return Status::error("buffer " + name + " of tensor " +
-                         std::to_string(tensor) + " holds " +
-                         std::to_string(whole) + " bytes, not " +
-                         std::to_string(bytes));
+    return Status::error(
+        "buffer " + name + " of tensor " + std::to_string(tensor) + " holds " +
+        std::to_string(whole) + " bytes, not " + std::to_string(bytes));
   const int64_t k = ownerIndex_[size_t(tensor)];
   if (k < 0)
     return Status::success(); // another rank's
