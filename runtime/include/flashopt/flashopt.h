@@ -604,6 +604,30 @@ typedef enum flashopt_reduce_mode {
 FLASHOPT_API flashopt_status
 flashopt_optimizer_attach_comm(flashopt_optimizer opt, flashopt_comm comm,
                                flashopt_reduce_mode mode, size_t bucket_bytes);
+/** Sharded data parallelism (ZeRO-1) over `comm`: the same checks, copy
+ *  from rank 0 and buckets as flashopt_optimizer_attach_comm, but each rank
+ *  keeps only its shard of the correction terms and states (every tensor is
+ *  cut at quantization-group boundaries into W contiguous ranges, one per
+ *  rank; a tensor of fewer than W groups leaves some ranks none of it).
+ *  flashopt_step reduce-scatters each bucket's gradients to their owners,
+ *  steps the owned ranges and all-gathers the parameters: with
+ *  FLASHOPT_REDUCE_DETERMINISTIC the parameters equal replicated mode's bit
+ *  for bit after every step. The callers' gradient buffers are left as they
+ *  were unless gradient-norm clipping is on (then they receive the averaged
+ *  gradients, as in replicated mode, and the norm is the same). The memory
+ *  report counts this rank's shard. CPU contexts only for now
+ *  (FLASHOPT_ERROR_UNSUPPORTED on CUDA). Checkpoints are collective: every
+ *  rank calls flashopt_save_checkpoint, rank 0 writes the single-process
+ *  format; a load (before or after attaching, at any W) keeps each rank's
+ *  shard. Reading correction terms or states (checkpoint save,
+ *  flashopt_export_master_f32, flashopt_check_numerics) is collective in
+ *  this mode: every rank calls it in the same order. Gradient release is
+ *  FLASHOPT_ERROR_STATE. */
+FLASHOPT_API flashopt_status
+flashopt_optimizer_attach_comm_sharded(flashopt_optimizer opt,
+                                       flashopt_comm comm,
+                                       flashopt_reduce_mode mode,
+                                       size_t bucket_bytes);
 /** The number of gradient buckets (1 without a communicator). */
 FLASHOPT_API flashopt_status flashopt_num_buckets(flashopt_optimizer opt,
                                                   int32_t *out);

@@ -176,7 +176,19 @@ void saveCheckpoint(OptObj &o, const std::string &path,
       {"checksums", checksums.dump()},
       {"param_groups", groups.dump()}};
   meta[kMetadataChecksumKey] = metadataChecksum(meta);
-  Status s = safetensors::write_file(path, refs, meta);
+  // Sharded: every rank gathered the same bytes; rank 0 writes the file
+  // and the others learn whether it did.
+  const bool sharded = o.dp && o.dp->sharded();
+  Status s = !sharded || o.dp->comm().rank() == 0
+                 ? safetensors::write_file(path, refs, meta)
+                 : Status::success();
+  if (sharded) {
+    Expected<bool> bad = o.dp->comm().any(!s);
+    if (!bad)
+      fail(FLASHOPT_ERROR_COMM, bad.error());
+    if (*bad && s)
+      fail(FLASHOPT_ERROR_IO, "rank 0 could not write " + quote(path));
+  }
   if (!s)
     fail(FLASHOPT_ERROR_IO, s.message());
 }

@@ -57,11 +57,10 @@ flashopt_status flashopt_comm_get_rank(flashopt_comm comm, int32_t *rank,
   });
 }
 
-flashopt_status flashopt_optimizer_attach_comm(flashopt_optimizer opt,
-                                               flashopt_comm comm,
-                                               flashopt_reduce_mode mode,
-                                               size_t bucket_bytes) {
-  return guard("flashopt_optimizer_attach_comm", [&] {
+namespace {
+void attach(flashopt_optimizer opt, flashopt_comm comm,
+            flashopt_reduce_mode mode, size_t bucket_bytes, bool sharded) {
+  {
     if (mode != FLASHOPT_REDUCE_DETERMINISTIC && mode != FLASHOPT_REDUCE_FAST)
       fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
            "unknown reduce mode " + std::to_string(int(mode)));
@@ -72,10 +71,34 @@ flashopt_status flashopt_optimizer_attach_comm(flashopt_optimizer opt,
     std::vector<flashopt::dist::LayoutEntry> layout;
     for (const ParamRec &p : o->params)
       layout.push_back({p.name, p.numel, p.group});
+    flashopt::dist::OwnerFactory owner;
+    if (sharded) {
+      if (o->isGpu())
+        fail(FLASHOPT_ERROR_UNSUPPORTED,
+             "sharded data parallelism is supported on CPU contexts only "
+             "(for now)");
+      // The shards' optimizer: the same bundle (not owned: the full
+      // optimizer outlives it), the same threads.
+      CpuOptimizer *cpu = o->cpu;
+      int threads = cpu->threads();
+      owner = [cpu, threads]()
+          -> Expected<std::unique_ptr<flashopt::host::Optimizer>> {
+        std::shared_ptr<Bundle> b(std::shared_ptr<void>(),
+                                  const_cast<Bundle *>(&cpu->bundle()));
+        OptimizerOptions opts;
+        opts.threads = threads;
+        Expected<std::unique_ptr<CpuOptimizer>> x =
+            CpuOptimizer::create(b, opts);
+        if (!x)
+          return x.status();
+        return std::unique_ptr<flashopt::host::Optimizer>(
+            std::move(x.value()));
+      };
+    }
     Expected<std::unique_ptr<flashopt::dist::DataParallel>> dp =
         flashopt::dist::DataParallel::attach(
             c, *o->opt, layout, mode == FLASHOPT_REDUCE_DETERMINISTIC,
-            bucket_bytes);
+            bucket_bytes, owner);
     if (!dp) {
       const std::string &e = dp.error();
       fail(e.find("different layouts") != std::string::npos
@@ -87,6 +110,24 @@ flashopt_status flashopt_optimizer_attach_comm(flashopt_optimizer opt,
                std::to_string(c->size()) + ": " + e);
     }
     o->dp = std::move(dp.value());
+  }
+}
+} // namespace
+
+flashopt_status flashopt_optimizer_attach_comm(flashopt_optimizer opt,
+                                               flashopt_comm comm,
+                                               flashopt_reduce_mode mode,
+                                               size_t bucket_bytes) {
+  return guard("flashopt_optimizer_attach_comm", [&] {
+    attach(opt, comm, mode, bucket_bytes, /*sharded=*/false);
+  });
+}
+
+flashopt_status flashopt_optimizer_attach_comm_sharded(
+    flashopt_optimizer opt, flashopt_comm comm, flashopt_reduce_mode mode,
+    size_t bucket_bytes) {
+  return guard("flashopt_optimizer_attach_comm_sharded", [&] {
+    attach(opt, comm, mode, bucket_bytes, /*sharded=*/true);
   });
 }
 
@@ -137,6 +178,7 @@ flashopt_status flashopt_reduce_bucket(flashopt_optimizer opt, int32_t bucket) {
          i < b[size_t(bucket)].first + b[size_t(bucket)].count; ++i)
       if (!o->opt->tensor(i).grad)
         fail(FLASHOPT_ERROR_STATE, o->describe(i) + " has no gradient");
+    o->dp->set_full_grads(o->maxGradNorm > 0.0);
     Status s = o->dp->reduce_bucket(*o->opt, bucket);
     if (!s)
       fail(s.message().find("already reduced") != std::string::npos

@@ -160,8 +160,12 @@ struct OptObj {
   }
 
   /// The host bytes of buffer `name` of parameter `i`.
+  /// Sharded data parallelism: a correction or state buffer is gathered
+  /// from its owners, a collective every rank must call in the same order.
   std::vector<uint8_t> read(int64_t i, const std::string &name) {
-    Expected<std::vector<uint8_t>> d = opt->read_buffer(i, name);
+    Expected<std::vector<uint8_t>> d =
+        dp && dp->sharded() ? dp->gather_buffer(*opt, i, name)
+                            : opt->read_buffer(i, name);
     if (!d)
       fail(deviceError(), describe(i) + ": " + d.error());
     return std::move(d.value());
@@ -169,7 +173,8 @@ struct OptObj {
   /// Overwrites buffer `name` of parameter `i` with `bytes` host bytes.
   void write(int64_t i, const std::string &name, const void *data,
              int64_t bytes) {
-    Status s = opt->write_buffer(i, name, data, bytes);
+    Status s = dp && dp->sharded() ? dp->scatter_buffer(*opt, i, name, data, bytes)
+                                   : opt->write_buffer(i, name, data, bytes);
     if (!s)
       fail(deviceError(), describe(i) + ": " + s.message());
   }

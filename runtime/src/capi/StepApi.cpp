@@ -77,6 +77,7 @@ flashopt_status flashopt_step(flashopt_optimizer opt) {
         ++o->skipped;
         return;
       }
+      o->dp->set_full_grads(o->maxGradNorm > 0.0);
       Status r = o->dp->reduce_remaining(*o->opt);
       o->dp->step_done();
       if (!r)
@@ -87,6 +88,19 @@ flashopt_status flashopt_step(flashopt_optimizer opt) {
     }
     // Clipping folds its factor into grad_scale for this step only.
     std::vector<float> saved = applyClipping(*o);
+    if (o->dp && o->dp->sharded()) {
+      // Sharded: the owners step their shards, then the parameters are
+      // all-gathered (no gradient release here: one step counter).
+      Status s = o->dp->step_shards(*o->opt, o->globalStep + 1);
+      restoreGradScales(*o, saved);
+      if (!s)
+        stepFailure(*o, s);
+      for (ParamRec &p : o->params)
+        ++p.step;
+      ++o->globalStep;
+      o->opt->set_step_count(o->globalStep);
+      return;
+    }
     // One kernel call per distinct step counter (one when all are equal).
     std::map<int64_t, std::vector<int64_t>> byStep;
     for (size_t i = 0; i < o->params.size(); ++i)
@@ -122,9 +136,10 @@ flashopt_status flashopt_step_param(flashopt_optimizer opt, int64_t index) {
                                 "gradient first)");
     if (o->dp)
       fail(FLASHOPT_ERROR_STATE,
-           o->describe(index) + ": gradient release is not possible with "
-                                "replicated data parallelism (the gradients "
-                                "are averaged over the ranks in flashopt_step)");
+           o->describe(index) + ": gradient release is not possible with " +
+                                std::string(o->dp->sharded() ? "sharded" : "replicated") +
+                                " data parallelism (the gradients are averaged "
+                                "over the ranks in flashopt_step)");
     std::vector<int64_t> one{index};
     checkStepReady(*o, one);
     if (o->policy == FLASHOPT_NONFINITE_SKIP && !gradsFinite(*o, one)) {
@@ -228,6 +243,15 @@ flashopt_status flashopt_memory_report_get(flashopt_optimizer opt,
     needOut(out, "out");
     Locked o(opt);
     BytesReport b = o->opt->bytes();
+    if (o->dp && o->dp->sharded()) {
+      // This rank's shard of the correction terms and states.
+      BytesReport s = o->dp->shard_bytes();
+      b.correction += s.correction;
+      b.states += s.states;
+      b.total += s.correction + s.states;
+      b.total_with_grad_release += s.correction + s.states;
+      b.runtime_allocated += s.runtime_allocated;
+    }
     flashopt_memory_report r{};
     r.numel = b.numel;
     r.param_bytes = b.param;

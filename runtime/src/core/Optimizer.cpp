@@ -43,6 +43,7 @@ struct Optimizer::Impl {
   std::vector<int64_t> builtBases; ///< arena addresses of the build
   std::vector<int64_t> compacted;  ///< step_tensors: a subset's records
   int64_t t = 0;
+  bool released = false; ///< release_state(): no correction or state here
 
   bool runtimeOwned(size_t b) const {
     BufferRole r = m->buffers[b].role;
@@ -297,6 +298,11 @@ Expected<BufferView> Optimizer::buffer(int64_t tensor, std::string_view name) {
   if (!found)
     return found.status();
   size_t b = size_t(*found);
+  if (I.runtimeOwned(b) && I.released)
+    return Status::error(
+        "buffer \"" + std::string(name) +
+        "\" is not held here: this rank holds only its shard of the "
+        "correction terms and states (sharded data parallelism)");
   if (I.runtimeOwned(b))
     if (Status s = allocate(); !s)
       return s;
@@ -355,6 +361,10 @@ Status Optimizer::step() {
     return g;
   if (Status s = I.hypers->check_complete(); !s)
     return s;
+  if (I.released)
+    return Status::error("step: the correction terms and states were "
+                         "released (sharded data parallelism steps the "
+                         "shards)");
   int64_t t = I.t + 1;
   if (I.tensors.empty()) {
     I.t = t;
@@ -401,6 +411,10 @@ Status Optimizer::step_tensors(const std::vector<int64_t> &indices, int64_t t,
     return s;
   if (indices.empty())
     return Status::success();
+  if (I.released)
+    return Status::error("step: the correction terms and states were "
+                         "released (sharded data parallelism steps the "
+                         "shards)");
   try {
     if (Status s = I.prepare(); !s)
       return s;
@@ -484,7 +498,24 @@ Status Optimizer::synchronize() { return impl_->backend->synchronize(); }
 
 BytesReport Optimizer::bytes() const {
   const Impl &I = *impl_;
-  return compute_bytes_report(*I.m, I.tensors, I.backend->allocated_bytes());
+  BytesReport r =
+      compute_bytes_report(*I.m, I.tensors, I.backend->allocated_bytes());
+  if (I.released) {
+    r.total -= r.correction + r.states;
+    r.total_with_grad_release -= r.correction + r.states;
+    r.correction = r.states = 0;
+  }
+  return r;
 }
+
+Status Optimizer::release_state() {
+  Impl &I = *impl_;
+  if (Status s = I.backend->release_arenas(); !s)
+    return s;
+  I.released = true;
+  return Status::success();
+}
+
+bool Optimizer::state_released() const { return impl_->released; }
 
 } // namespace flashopt::host

@@ -183,6 +183,14 @@ public:
   int64_t arena_address(size_t b) const override {
     return int64_t(reinterpret_cast<intptr_t>(arenas_[b].data));
   }
+  Status release_arenas() override {
+    for (Arena &a : arenas_) {
+      Arena empty;
+      empty.elem = a.elem;
+      std::swap(a, empty);
+    }
+    return Status::success();
+  }
   int64_t allocated_bytes() const override {
     int64_t n = 0;
     for (const Arena &a : arenas_)

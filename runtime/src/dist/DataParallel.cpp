@@ -114,13 +114,13 @@ std::vector<std::string> replicatedBuffers(const Manifest &m) {
 Expected<std::unique_ptr<DataParallel>>
 DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
                      const std::vector<LayoutEntry> &layout, bool deterministic,
-                     size_t bucket_bytes) {
+                     size_t bucket_bytes, const OwnerFactory &make_owner) {
   try {
     const Manifest &m = opt.manifest();
     // The layout, and how it will be reduced: ranks that bucket or reduce
     // differently would call different collectives and hang.
     std::string text = layout_text(m, opt.num_param_groups(), layout);
-    text += std::string("reduce ") +
+    text += std::string(make_owner ? "sharded" : "replicated") + ", reduce " +
             (deterministic ? "deterministic" : "fast") + ", buckets of " +
             std::to_string(bucket_bytes) + " bytes\n";
     // Ranks that reduce through different engines would hang, too.
@@ -155,6 +155,18 @@ DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
     dp->buckets_ = plan_buckets(layout, dtype_size(m.grad),
                                 bucket_bytes ? bucket_bytes : size_t(25) << 20);
     dp->reduced_.assign(dp->buckets_.size(), false);
+    if (make_owner) {
+      // Every rank learns whether any failed to shard (else the others
+      // would wait in their first collective).
+      Status s = dp->shard(opt, layout, make_owner);
+      Expected<bool> bad = dp->comm_->any(!s);
+      if (!bad)
+        return bad.status();
+      if (!s)
+        return Status::error("sharding: " + s.message());
+      if (*bad)
+        return Status::error("sharding failed on another rank");
+    }
     return dp;
   } catch (const std::exception &e) {
     return Status::error(std::string("attach: ") + e.what());
@@ -192,6 +204,12 @@ Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
   if (reduced_[size_t(bi)])
     return Status::error("bucket " + std::to_string(bi) +
                          " was already reduced for this step");
+  if (sharded()) {
+    Status s = reduce_sharded(opt, bi);
+    if (s)
+      reduced_[size_t(bi)] = true;
+    return s;
+  }
   try {
     const Bucket &bk = buckets_[size_t(bi)];
     const Manifest &m = opt.manifest();

@@ -31,6 +31,7 @@
 #include "Communicator.h"
 #include "flashopt/host/Optimizer.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,15 +69,34 @@ std::vector<Bucket> plan_buckets(const std::vector<LayoutEntry> &layout,
 std::string layout_text(const host::Manifest &m, int num_param_groups,
                         const std::vector<LayoutEntry> &layout);
 
+/// The elements [begin, end) of a tensor one rank owns in sharded mode:
+/// quantization groups [floor(g*r/W), floor(g*(r+1)/W)) of its g groups, so
+/// every shard boundary is a group boundary and a tensor with fewer than W
+/// groups leaves some ranks owning nothing of it.
+struct OwnedRange {
+  int64_t begin = 0, end = 0;
+};
+OwnedRange owned_range(int64_t numel, int64_t group_size, int rank, int W);
+
+/// Makes the optimizer that holds one rank's shards (same bundle and
+/// backend kind as the full one, no tensors).
+using OwnerFactory =
+    std::function<Expected<std::unique_ptr<host::Optimizer>>()>;
+
 class DataParallel {
 public:
   /// Checks the layout across ranks (an error naming the first difference,
   /// the same on every rank), then copies parameters, correction terms and
   /// state from rank 0 into `opt` on every other rank.
+  /// With `make_owner`, sharded mode (ZeRO-1): each rank keeps only its
+  /// shard of the correction terms and states (in the optimizer
+  /// `make_owner` returns; `opt` releases its own), the gradients are
+  /// reduce-scattered to their owners and the parameters all-gathered after
+  /// the owners' step.
   static Expected<std::unique_ptr<DataParallel>>
   attach(std::shared_ptr<Communicator> comm, host::Optimizer &opt,
          const std::vector<LayoutEntry> &layout, bool deterministic,
-         size_t bucket_bytes);
+         size_t bucket_bytes, const OwnerFactory &make_owner = nullptr);
 
   Communicator &comm() { return *comm_; }
   const std::vector<Bucket> &buckets() const { return buckets_; }
@@ -102,10 +122,51 @@ public:
   /// whether any rank has a non-finite gradient.
   Expected<bool> agree(const StepView &mine);
 
+  // ---- sharded mode (ZeRO-1; Sharded.cpp) ---------------------------------
+  bool sharded() const { return owner_ != nullptr; }
+  /// Sharded mode also writes the averaged gradients back into the callers'
+  /// gradient buffers (an all-gather more per bucket; set while clipping is
+  /// on, so the norm is computed over the same bits as in replicated mode).
+  void set_full_grads(bool on) { fullGrads_ = on; }
+  /// Steps this rank's shards with step number `t` (hyper-parameters copied
+  /// from `opt` first), then all-gathers the parameters of every bucket.
+  Status step_shards(host::Optimizer &opt, int64_t t);
+  /// Buffer `name` of tensor `tensor` whole, in host memory: a correction or
+  /// state buffer is all-gathered from its owners (a collective: every rank
+  /// calls it in the same order), any other buffer is read from `opt`.
+  Expected<std::vector<uint8_t>> gather_buffer(host::Optimizer &opt,
+                                               int64_t tensor,
+                                               const std::string &name);
+  /// Overwrites buffer `name` of tensor `tensor` from its whole contents:
+  /// a correction or state buffer keeps only this rank's shard.
+  Status scatter_buffer(host::Optimizer &opt, int64_t tensor,
+                        const std::string &name, const void *data,
+                        int64_t bytes);
+  /// The correction and state bytes this rank holds, its gradient staging
+  /// and the shard optimizer's allocation.
+  host::BytesReport shard_bytes() const;
+
 private:
   DataParallel() = default;
   /// Bucket `bk` averaged by the engine in device memory.
   Status reduceOnDevice(host::Optimizer &opt, const Bucket &bk);
+  Status shard(host::Optimizer &opt, const std::vector<LayoutEntry> &layout,
+               const OwnerFactory &make);
+  Status reduce_sharded(host::Optimizer &opt, int b);
+  /// Elements of bucket `b` owned by rank `q`, in bucket order.
+  const std::vector<Piece> &owned(int b, int q) const {
+    return ownedPieces_[size_t(b) * size_t(comm_->size()) + size_t(q)];
+  }
+  int64_t maxOwned(int b) const;
+
+  std::unique_ptr<host::Optimizer> owner_;
+  std::vector<OwnedRange> ranges_;   ///< [tensor] this rank's elements
+  std::vector<int64_t> ownerIndex_;  ///< [tensor] index in owner_ or -1
+  std::vector<std::vector<uint8_t>> stage_; ///< [owner tensor] reduced grad
+  std::vector<std::vector<Piece>> ownedPieces_; ///< [bucket * W + rank]
+  std::vector<LayoutEntry> layout_;
+  bool fullGrads_ = false;
+
   std::shared_ptr<Communicator> comm_;
   bool deterministic_ = true;
   std::vector<Bucket> buckets_;

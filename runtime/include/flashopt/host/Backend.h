@@ -90,6 +90,12 @@ public:
   /// Bytes allocated: arenas (with padding and spare capacity) and device
   /// tables.
   virtual int64_t allocated_bytes() const = 0;
+  /// Frees every arena (the correction terms and states live elsewhere from
+  /// now on: sharded data parallelism). Backends that cannot say so.
+  virtual Status release_arenas() {
+    return Status::error(std::string(kind()) +
+                         " backend cannot release its state arenas");
+  }
 
   // ---- stepping ------------------------------------------------------------
   /// Runs the step kernel over `request`. `table` is the optimizer's whole

@@ -132,6 +132,13 @@ public:
   /// Waits for the backend's queue.
   Status synchronize();
 
+  /// Frees the correction terms and states of every tensor (sharded data
+  /// parallelism keeps its shard of them in another optimizer). Afterwards
+  /// those buffers and stepping are errors, and bytes() counts none of them.
+  Status release_state();
+  /// Whether release_state() was called.
+  bool state_released() const;
+
   // ---- memory
   // ----------------------------------------------------------------
   BytesReport bytes() const;

@@ -1,0 +1,389 @@
+//===- Sharded.cpp - Sharded data parallelism (ZeRO-1) --------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// DataParallel's sharded mode. Each tensor is cut at quantization-group
+/// boundaries into W contiguous ranges, one per rank (owned_range); a rank's
+/// correction terms and states exist only for its ranges, in a second
+/// optimizer (`owner_`) whose tensors are those ranges: their parameters
+/// point into the callers' parameters, their gradients into staging buffers
+/// the reduce-scatter fills. Since groups never straddle a range, stepping a
+/// range is the same arithmetic on the same bits as stepping the whole
+/// tensor, so sharded equals replicated bit for bit (with the same
+/// deterministic reduction: each element summed in rank order in fp32 by
+/// its owner, divided by W, rounded once).
+///
+//===----------------------------------------------------------------------===//
+
+#include "DataParallel.h"
+
+#include "codec/Codec.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <map>
+
+namespace flashopt::dist {
+
+using namespace flashopt::host;
+
+OwnedRange owned_range(int64_t numel, int64_t group_size, int rank, int W) {
+  const int64_t G = std::max<int64_t>(1, group_size);
+  const int64_t groups = (numel + G - 1) / G;
+  const int64_t gb = groups * rank / W, ge = groups * (rank + 1) / W;
+  return {std::min(numel, gb * G), std::min(numel, ge * G)};
+}
+
+namespace {
+
+bool runtimeOwned(const BufferSpec &b) {
+  return b.role == BufferRole::Correction || b.role == BufferRole::State;
+}
+
+/// Bytes [first, last) of a buffer of `spec` that hold elements [begin, end)
+/// of a tensor (a per-group buffer: the groups of those elements).
+std::pair<int64_t, int64_t> byteRange(const BufferSpec &spec, int64_t G,
+                                      OwnedRange r) {
+  const int64_t es = dtype_size(spec.dtype);
+  if (spec.per == Per::Group)
+    return {r.begin / G * es, (r.end + G - 1) / G * es};
+  return {r.begin * es, r.end * es};
+}
+
+/// Copies every hyper-parameter value `from` has into `to`.
+Status syncHypers(Optimizer &from, Optimizer &to) {
+  const Manifest &m = from.manifest();
+  while (to.num_param_groups() < from.num_param_groups())
+    if (to.add_param_group() < 0)
+      return Status::error("out of memory adding a param group");
+  for (int g = 0; g < from.num_param_groups(); ++g)
+    for (const auto &h : m.hypers) {
+      Expected<float> v = from.hyper(g, h.name);
+      if (!v)
+        continue; // never set and no default: the step says so
+      Expected<float> w = to.hyper(g, h.name);
+      if (w && std::memcmp(&*w, &*v, sizeof(float)) == 0)
+        continue;
+      if (Status s = to.set_hyper(g, h.name, *v); !s)
+        return s;
+    }
+  return Status::success();
+}
+
+} // namespace
+
+int64_t DataParallel::maxOwned(int b) const {
+  int64_t most = 0;
+  for (int q = 0; q < comm_->size(); ++q) {
+    int64_t n = 0;
+    for (const Piece &p : owned(b, q))
+      n += p.count;
+    most = std::max(most, n);
+  }
+  return most;
+}
+
+Status DataParallel::shard(Optimizer &opt,
+                           const std::vector<LayoutEntry> &layout,
+                           const OwnerFactory &make) {
+  const Manifest &m = opt.manifest();
+  const int W = comm_->size(), me = comm_->rank();
+  const int64_t G = m.group_size;
+  layout_ = layout;
+  // Who owns what of every bucket.
+  ownedPieces_.assign(buckets_.size() * size_t(W), {});
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (const Piece &pc : buckets_[b].pieces)
+      for (int q = 0; q < W; ++q) {
+        OwnedRange r = owned_range(layout[size_t(pc.tensor)].numel, G, q, W);
+        int64_t lo = std::max(r.begin, pc.offset);
+        int64_t hi = std::min(r.end, pc.offset + pc.count);
+        if (lo < hi)
+          ownedPieces_[b * size_t(W) + size_t(q)].push_back(
+              {pc.tensor, lo, hi - lo});
+      }
+  Expected<std::unique_ptr<Optimizer>> o = make();
+  if (!o)
+    return o.status();
+  owner_ = std::move(o.value());
+  if (Status s = syncHypers(opt, *owner_); !s)
+    return s;
+  const int64_t ges = dtype_size(m.grad), pes = dtype_size(m.param);
+  ranges_.clear();
+  ownerIndex_.assign(layout.size(), -1);
+  size_t owning = 0;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    ranges_.push_back(owned_range(layout[i].numel, G, me, W));
+    owning += ranges_.back().end > ranges_.back().begin;
+  }
+  stage_.reserve(owning); // the owner's gradient pointers stay put
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const OwnedRange r = ranges_[i];
+    if (r.end == r.begin)
+      continue;
+    stage_.emplace_back(static_cast<size_t>((r.end - r.begin) * ges), 0);
+    void *param =
+        static_cast<uint8_t *>(opt.tensor(int64_t(i)).param) + r.begin * pes;
+    Expected<int64_t> k = owner_->add_param(
+        layout[i].group, param, r.end - r.begin, stage_.back().data());
+    if (!k)
+      return k.status();
+    ownerIndex_[i] = *k;
+    // This rank's slice of the correction terms and states (rank 0's, as
+    // broadcast by attach).
+    for (const BufferSpec &spec : m.buffers) {
+      if (!runtimeOwned(spec))
+        continue;
+      Expected<std::vector<uint8_t>> full =
+          opt.read_buffer(int64_t(i), spec.name);
+      if (!full)
+        return full.status();
+      auto [a, z] = byteRange(spec, G, r);
+      if (Status s =
+              owner_->write_buffer(*k, spec.name, full->data() + a, z - a);
+          !s)
+        return s;
+    }
+  }
+  owner_->set_step_count(opt.step_count());
+  return opt.release_state();
+}
+
+Status DataParallel::reduce_sharded(Optimizer &opt, int bi) {
+  try {
+    const Manifest &m = opt.manifest();
+    Backend &dev = opt.backend();
+    const int W = comm_->size(), me = comm_->rank();
+    const int64_t es = dtype_size(m.grad);
+    const int64_t M = maxOwned(bi);
+    // Contributions packed by owner: [q * M, q * M + |owned(q)|) for rank q.
+    std::vector<uint8_t> send(size_t(W * M * es), 0);
+    for (int q = 0; q < W; ++q) {
+      int64_t at = 0;
+      for (const Piece &pc : owned(bi, q)) {
+        Expected<BufferView> g = opt.buffer(pc.tensor, "grad");
+        if (!g)
+          return g.status();
+        if (Status s =
+                dev.read(static_cast<const uint8_t *>(g->data) + pc.offset * es,
+                         send.data() + (q * M + at) * es, pc.count * es);
+            !s)
+          return s;
+        at += pc.count;
+      }
+    }
+    std::vector<float> sum(size_t(M), 0.0f);
+    if (deterministic_) {
+      std::vector<uint8_t> parts(send.size());
+      if (Status s =
+              comm_->all_to_all(send.data(), parts.data(), size_t(M * es));
+          !s)
+        return s;
+      std::vector<float> wide(static_cast<size_t>(M));
+      for (int64_t r = 0; r < W; ++r) {
+        codec::widen(parts.data() + r * M * es, m.grad, M,
+                     r == 0 ? sum.data() : wide.data());
+        if (r > 0)
+          for (int64_t k = 0; k < M; ++k)
+            sum[size_t(k)] = sum[size_t(k)] + wide[size_t(k)];
+      }
+    } else {
+      std::vector<float> flat(size_t(M * W));
+      codec::widen(send.data(), m.grad, M * W, flat.data());
+      if (Status s =
+              comm_->reduce_scatter_f32(flat.data(), sum.data(), size_t(M));
+          !s)
+        return s;
+    }
+    const float w = float(W);
+    for (float &x : sum)
+      x = x / w;
+    std::vector<uint8_t> mine(size_t(M * es));
+    codec::narrow(sum.data(), M, m.grad, mine.data());
+    int64_t at = 0;
+    for (const Piece &pc : owned(bi, me)) {
+      const OwnedRange r = ranges_[size_t(pc.tensor)];
+      // Owner tensor k's gradient is stage_[k] (added in the same order).
+      std::vector<uint8_t> &st = stage_[size_t(ownerIndex_[size_t(pc.tensor)])];
+      std::memcpy(st.data() + (pc.offset - r.begin) * es, mine.data() + at * es,
+                  size_t(pc.count * es));
+      at += pc.count;
+    }
+    if (!fullGrads_)
+      return Status::success();
+    // Clipping: every rank needs every averaged gradient.
+    std::vector<uint8_t> all(send.size());
+    if (Status s = comm_->all_gather(mine.data(), all.data(), size_t(M * es));
+        !s)
+      return s;
+    for (int q = 0; q < W; ++q) {
+      int64_t k = 0;
+      for (const Piece &pc : owned(bi, q)) {
+        Expected<BufferView> g = opt.buffer(pc.tensor, "grad");
+        if (!g)
+          return g.status();
+        if (Status s =
+                dev.write(static_cast<uint8_t *>(g->data) + pc.offset * es,
+                          all.data() + (q * M + k) * es, pc.count * es);
+            !s)
+          return s;
+        k += pc.count;
+      }
+    }
+    return Status::success();
+  } catch (const std::exception &e) {
+    return Status::error(std::string("reduce_bucket (sharded): ") + e.what());
+  }
+}
+
+Status DataParallel::step_shards(Optimizer &opt, int64_t t) {
+  try {
+    const Manifest &m = opt.manifest();
+    if (Status s = syncHypers(opt, *owner_); !s)
+      return s;
+    const int64_t pes = dtype_size(m.param);
+    std::vector<int64_t> idx;
+    for (size_t i = 0; i < ownerIndex_.size(); ++i) {
+      if (ownerIndex_[i] < 0)
+        continue;
+      // The caller may have re-pointed its parameter.
+      void *p = static_cast<uint8_t *>(opt.tensor(int64_t(i)).param) +
+                ranges_[i].begin * pes;
+      if (Status s = owner_->set_param(ownerIndex_[i], p); !s)
+        return s;
+      idx.push_back(ownerIndex_[i]);
+    }
+    if (Status s = owner_->step_tensors(idx, t); !s)
+      return s;
+    owner_->set_step_count(t);
+    if (Status s = owner_->synchronize(); !s)
+      return s;
+    // All-gather the stepped parameters, bucket by bucket.
+    Backend &dev = opt.backend();
+    const int W = comm_->size(), me = comm_->rank();
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const int64_t M = maxOwned(int(b));
+      std::vector<uint8_t> mine(size_t(M * pes), 0), all(size_t(W * M * pes));
+      int64_t at = 0;
+      for (const Piece &pc : owned(int(b), me)) {
+        if (Status s = dev.read(
+                static_cast<const uint8_t *>(opt.tensor(pc.tensor).param) +
+                    pc.offset * pes,
+                mine.data() + at * pes, pc.count * pes);
+            !s)
+          return s;
+        at += pc.count;
+      }
+      if (Status s =
+              comm_->all_gather(mine.data(), all.data(), size_t(M * pes));
+          !s)
+        return s;
+      for (int q = 0; q < W; ++q) {
+        if (q == me)
+          continue;
+        int64_t k = 0;
+        for (const Piece &pc : owned(int(b), q)) {
+          if (Status s = dev.write(
+                  static_cast<uint8_t *>(opt.tensor(pc.tensor).param) +
+                      pc.offset * pes,
+                  all.data() + (q * M + k) * pes, pc.count * pes);
+              !s)
+            return s;
+          k += pc.count;
+        }
+      }
+    }
+    return Status::success();
+  } catch (const std::exception &e) {
+    return Status::error(std::string("step (sharded): ") + e.what());
+  }
+}
+
+Expected<std::vector<uint8_t>>
+DataParallel::gather_buffer(Optimizer &opt, int64_t tensor,
+                            const std::string &name) {
+  const Manifest &m = opt.manifest();
+  Expected<int> found = find_buffer(m, name);
+  if (!found)
+    return found.status();
+  const BufferSpec &spec = m.buffers[size_t(*found)];
+  if (!sharded() || !runtimeOwned(spec))
+    return opt.read_buffer(tensor, name);
+  try {
+    const int W = comm_->size();
+    const int64_t G = m.group_size, numel = layout_[size_t(tensor)].numel;
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    int64_t most = 0;
+    for (int q = 0; q < W; ++q) {
+      OwnedRange r = owned_range(numel, G, q, W);
+      spans.push_back(r.end > r.begin ? byteRange(spec, G, r)
+                                      : std::make_pair(int64_t(0), int64_t(0)));
+      most = std::max(most, spans.back().second - spans.back().first);
+    }
+    std::vector<uint8_t> mine(size_t(most), 0);
+    if (int64_t k = ownerIndex_[size_t(tensor)]; k >= 0) {
+      Expected<std::vector<uint8_t>> b = owner_->read_buffer(k, name);
+      if (!b)
+        return b.status();
+      std::memcpy(mine.data(), b->data(), b->size());
+    }
+    std::vector<uint8_t> all(size_t(most) * size_t(W));
+    if (Status s = comm_->all_gather(mine.data(), all.data(), size_t(most)); !s)
+      return s;
+    std::vector<uint8_t> out(size_t(spans.back().second), 0);
+    for (int q = 0; q < W; ++q)
+      std::memcpy(out.data() + spans[size_t(q)].first,
+                  all.data() + size_t(q) * size_t(most),
+                  size_t(spans[size_t(q)].second - spans[size_t(q)].first));
+    return out;
+  } catch (const std::exception &e) {
+    return Status::error(std::string("gather_buffer: ") + e.what());
+  }
+}
+
+Status DataParallel::scatter_buffer(Optimizer &opt, int64_t tensor,
+                                    const std::string &name, const void *data,
+                                    int64_t bytes) {
+  const Manifest &m = opt.manifest();
+  Expected<int> found = find_buffer(m, name);
+  if (!found)
+    return found.status();
+  const BufferSpec &spec = m.buffers[size_t(*found)];
+  if (!sharded() || !runtimeOwned(spec))
+    return opt.write_buffer(tensor, name, data, bytes);
+  const int64_t G = m.group_size, numel = layout_[size_t(tensor)].numel;
+  const int64_t whole = spec.per == Per::Group
+                            ? (numel + G - 1) / G * dtype_size(spec.dtype)
+                            : numel * dtype_size(spec.dtype);
+  if (bytes != whole)
+    return Status::error(
+        "buffer " + name + " of tensor " + std::to_string(tensor) + " holds " +
+        std::to_string(whole) + " bytes, not " + std::to_string(bytes));
+  const int64_t k = ownerIndex_[size_t(tensor)];
+  if (k < 0)
+    return Status::success(); // another rank's
+  auto [a, z] = byteRange(spec, G, ranges_[size_t(tensor)]);
+  return owner_->write_buffer(k, name, static_cast<const uint8_t *>(data) + a,
+                              z - a);
+}
+
+BytesReport DataParallel::shard_bytes() const {
+  BytesReport r;
+  if (!sharded())
+    return r;
+  BytesReport o = owner_->bytes();
+  r.numel = o.numel;
+  r.correction = o.correction;
+  r.states = o.states;
+  int64_t staging = 0;
+  for (const auto &s : stage_)
+    staging += int64_t(s.size());
+  r.runtime_allocated = o.runtime_allocated + staging;
+  return r;
+}
+
+} // namespace flashopt::dist
