@@ -17,7 +17,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # flashopt_status
 OK = 0
@@ -68,6 +68,7 @@ class MemoryReport(ctypes.Structure):
         ("total_bytes_with_grad_release", ctypes.c_int64), ("allocated_bytes", ctypes.c_int64),
         ("bytes_per_param", ctypes.c_double),
         ("bytes_per_param_with_grad_release", ctypes.c_double),
+        ("accumulator_bytes", ctypes.c_int64),
     ]
 
 

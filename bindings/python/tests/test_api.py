@@ -249,3 +249,21 @@ def test_shared_and_duplicate_parameters_like_torch():
     assert torch.equal(b.detach(), torch.full((32,), -0.5))  # stepped once
     many = [torch.zeros(16, requires_grad=True) for _ in range(3000)]
     assert len(flashopt.FlashSGD(many)._bundle_list()[0].params) == 3000
+
+
+def test_ctypes_structs_are_as_large_as_the_library_writes():
+    # A struct the C ABI fills that grew in flashopt.h but not in _lib.py
+    # corrupted the Python heap (a crash at garbage collection, much later).
+    # The library must write nothing past ctypes' idea of the struct.
+    import ctypes
+    p = torch.nn.Parameter(torch.zeros(64, dtype=torch.bfloat16))
+    opt = flashopt.FlashAdamW([p])
+    p.grad = torch.zeros_like(p)
+    opt.step()
+    b = next(iter(opt._bundles.values()))
+    for struct, fn in ((L.MemoryReport, "flashopt_memory_report_get"),
+                       (L.NumericsReport, "flashopt_check_numerics")):
+        n = ctypes.sizeof(struct)
+        buf = (ctypes.c_uint8 * (n + 64))(*([0xA5] * (n + 64)))
+        getattr(L.lib(), fn)(b.handle, ctypes.cast(buf, ctypes.POINTER(struct)))
+        assert bytes(buf[n:]) == b"\xa5" * 64, f"{fn} writes past {struct.__name__}"

@@ -71,7 +71,7 @@ extern "C" {
 #endif
 
 /** Bumped on every incompatible change of this header. */
-#define FLASHOPT_ABI_VERSION 1
+#define FLASHOPT_ABI_VERSION 2
 
 /*===----------------------------------------------------------------------===*
  * Status and errors
