@@ -437,8 +437,44 @@ Manifest Parser::parse(const json &root) {
 
 } // namespace
 
+namespace {
+/// Real manifests nest 4 levels deep. Deeper JSON is refused before parsing:
+/// printing or walking a deep value recurses (the ASan build overflowed the
+/// stack in json::dump on the 20,000-deep corpus input; a thread with a
+/// small stack would too).
+constexpr int kMaxManifestNesting = 64;
+
+/// The byte offset where nesting first exceeds kMaxManifestNesting, or -1
+/// (brackets inside JSON strings do not count).
+int64_t excessiveNesting(std::string_view text) {
+  int depth = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxManifestNesting)
+        return int64_t(i);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return -1;
+}
+} // namespace
+
 Expected<Manifest> parse_manifest(std::string_view text,
                                   const std::string &origin) {
+  if (int64_t at = excessiveNesting(text); at >= 0)
+    return Status::error(origin + ": invalid JSON: nesting deeper than " +
+                         std::to_string(kMaxManifestNesting) +
+                         " levels at byte " + std::to_string(at));
   try {
     json root;
     try {

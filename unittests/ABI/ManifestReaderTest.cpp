@@ -99,3 +99,19 @@ TEST_CASE("bad manifests give errors naming the file and the field") {
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().find("top level") != std::string::npos);
 }
+
+TEST_CASE("deeply nested manifests are refused before parsing") {
+  // Found by the whole-tree ASan preset: the fuzz corpus's 20,000-deep input
+  // overflowed the stack in json::dump (the error message's excerpt).
+  std::string deep = "{\"format\": " + std::string(20000, '[') +
+                     std::string(20000, ']') + "}";
+  auto r = parse_manifest(deep, "deep.json");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error() == "deep.json: invalid JSON: nesting deeper than 64 levels "
+                     "at byte 74");
+  // Brackets inside strings do not count; 64 levels are fine for the scan.
+  std::string inString = "{\"x\": \"" + std::string(100, '[') + "\"}";
+  auto s = parse_manifest(inString, "str.json");
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.error().find("nesting") == std::string::npos);
+}

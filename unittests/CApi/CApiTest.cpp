@@ -1417,7 +1417,7 @@ TEST_CASE("GPU: C ABI step, step_param and mixed counters match the CPU "
 #ifdef FLASHOPT_MOCK_CUDA
 namespace {
 /// A copy of `host` in the stand-in driver's "device" memory (host memory
-/// it tracks; never freed).
+/// it tracks; freed through it when the buffer goes).
 Buf mockDeviceCopy(const Buf &host) {
   static void *lib = dlopen(FLASHOPT_MOCK_CUDA, RTLD_NOW);
   REQUIRE(lib);
@@ -1430,7 +1430,13 @@ Buf mockDeviceCopy(const Buf &host) {
   REQUIRE(p % 16 == 0);
   Buf b;
   b.bytes = host.bytes;
-  b.mem.reset(reinterpret_cast<uint8_t *>(uintptr_t(p)), [](uint8_t *) {});
+  using Free = int (*)(unsigned long long);
+  static Free release = reinterpret_cast<Free>(dlsym(lib, "cuMemFree_v2"));
+  bool haveFree = release != nullptr;
+  REQUIRE(haveFree);
+  b.mem.reset(reinterpret_cast<uint8_t *>(uintptr_t(p)), [](uint8_t *q) {
+    release(static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(q)));
+  });
   std::memcpy(b.data(), host.data(), host.bytes);
   return b;
 }
