@@ -43,36 +43,15 @@
 
 using namespace flashopt::host;
 
+#include "DistTestSupport.h"
+
 namespace {
 
-int rank = 0, world = 1;
-int failures = 0, checks = 0;
-std::string kernels;
 
-#define EXPECT(cond, what)                                                     \
-  do {                                                                         \
-    ++checks;                                                                  \
-    if (!(cond)) {                                                             \
-      ++failures;                                                              \
-      std::fprintf(stderr, "rank %d: %s:%d: %s: %s (%s)\n", rank, __FILE__,    \
-                   __LINE__, #cond, std::string(what).c_str(),                 \
-                   flashopt_last_error());                                     \
-    }                                                                          \
-  } while (0)
-
-#define OK(call) EXPECT((call) == FLASHOPT_OK, #call)
 
 const std::vector<int64_t> kSizes = {1, 31, 33, 65, 100, 4097};
 using Hypers = std::vector<std::pair<const char *, double>>;
 
-uint64_t fnv(const void *p, size_t n, uint64_t h = 0xcbf29ce484222325ULL) {
-  const unsigned char *c = static_cast<const unsigned char *>(p);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= c[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
 
 struct Tensor {
   flashopt_dtype dtype;
