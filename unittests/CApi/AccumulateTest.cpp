@@ -377,9 +377,122 @@ TEST_CASE("accumulate: misuse is refused with a clear error") {
   REQUIRE(flashopt_accumulate_param(a.opt, 2) == FLASHOPT_OK);
   CHECK(flashopt_step(a.opt) == FLASHOPT_OK);
   CHECK(flashopt_accumulate_param(a.opt, 99) != FLASHOPT_OK);
-  // Clipping with accumulation.
-  REQUIRE(flashopt_set_max_grad_norm(a.opt, 1.0) == FLASHOPT_OK);
-  CHECK(flashopt_accumulate(a.opt) == FLASHOPT_ERROR_UNSUPPORTED);
+}
+
+TEST_CASE("accumulate + clipping: the norm of the accumulated gradient") {
+  // The same clipping on the reference, which steps the host's same-order
+  // sum with grad_scale 1/N: the norm is of sum/N, the clip factor the
+  // same, the masters bit for bit (f32 and bf16 + i8 accumulators), once
+  // clipped (a small threshold) and once not (a large one).
+  struct Case {
+    const char *bundle, *ref;
+    flashopt_dtype pdt;
+    Acc acc;
+  };
+  for (const Case &c :
+       {Case{"sgd_f32_acc_f32", "sgd_f32_acc_f32", FLASHOPT_F32, Acc::F32},
+        Case{"adamw_m24_acc_bf16_i8", "adamw_m24_gradf32", FLASHOPT_BF16,
+             Acc::BF16I8}})
+    for (double maxNorm : {0.05, 100.0}) {
+      CAPTURE(c.bundle);
+      CAPTURE(maxNorm);
+      const int n = 3;
+      Run a(c.bundle, c.pdt, c.pdt), r(c.ref, c.pdt, FLASHOPT_F32);
+      REQUIRE(flashopt_set_hyper(r.opt, -1, "grad_scale",
+                                 double(float(1.0 / n))) == FLASHOPT_OK);
+      REQUIRE(flashopt_set_max_grad_norm(a.opt, maxNorm) == FLASHOPT_OK);
+      REQUIRE(flashopt_set_max_grad_norm(r.opt, maxNorm) == FLASHOPT_OK);
+      for (int s = 0; s < 2; ++s) {
+        auto mbs = microBatches(n, c.pdt, uint32_t(40 + s));
+        for (int k = 0; k < n; ++k) {
+          for (size_t t = 0; t < kSizes.size(); ++t)
+            a.setGrad(t, mbs[size_t(k)][t]);
+          INFO(flashopt_last_error());
+          REQUIRE((k + 1 < n ? flashopt_accumulate(a.opt)
+                             : flashopt_step(a.opt)) == FLASHOPT_OK);
+        }
+        for (size_t t = 0; t < kSizes.size(); ++t) {
+          std::vector<std::vector<float>> gs;
+          for (int k = 0; k < n; ++k)
+            gs.push_back(mbs[size_t(k)][t]);
+          r.setGrad(t, hostAccumulate(gs, c.acc));
+        }
+        REQUIRE(flashopt_step(r.opt) == FLASHOPT_OK);
+        double na = -1, nr = -2;
+        REQUIRE(flashopt_get_grad_norm(a.opt, &na) == FLASHOPT_OK);
+        REQUIRE(flashopt_get_grad_norm(r.opt, &nr) == FLASHOPT_OK);
+        CHECK(na == nr);
+        CHECK(na > 0.0);
+        for (size_t t = 0; t < kSizes.size(); ++t) {
+          std::vector<float> ma = a.master(t), mr = r.master(t);
+          CHECK(std::memcmp(ma.data(), mr.data(), ma.size() * 4) == 0);
+        }
+        int64_t pending = -1;
+        REQUIRE(flashopt_get_accumulated(a.opt, 0, &pending) == FLASHOPT_OK);
+        CHECK(pending == 0);
+      }
+    }
+}
+
+TEST_CASE("accumulate + FLASHOPT_NONFINITE_SKIP: decided on the accumulated "
+          "gradient") {
+  // A NaN in a middle micro-batch, then an Inf in the last one (added by
+  // the step itself): each step is skipped, nothing changes, no counter
+  // advances, the accumulator is zeroed (the next accumulation starts from
+  // nothing: its step equals the reference on those micro-batches alone).
+  const int n = 3;
+  Run a("adamw_m24_acc_f32", FLASHOPT_BF16, FLASHOPT_BF16),
+      r("adamw_m24_gradf32", FLASHOPT_BF16, FLASHOPT_F32);
+  REQUIRE(flashopt_set_nonfinite_policy(a.opt, FLASHOPT_NONFINITE_SKIP) ==
+          FLASHOPT_OK);
+  REQUIRE(flashopt_set_hyper(r.opt, -1, "grad_scale",
+                             double(float(1.0 / n))) == FLASHOPT_OK);
+  std::vector<std::vector<float>> before;
+  for (size_t t = 0; t < kSizes.size(); ++t)
+    before.push_back(a.master(t));
+  for (int bad : {1, 2}) {
+    CAPTURE(bad);
+    auto mbs = microBatches(n, FLASHOPT_BF16, uint32_t(60 + bad));
+    mbs[size_t(bad)][1][7] = bad == 1 ? NAN : INFINITY;
+    for (int k = 0; k < n; ++k) {
+      for (size_t t = 0; t < kSizes.size(); ++t)
+        a.setGrad(t, mbs[size_t(k)][t]);
+      REQUIRE((k + 1 < n ? flashopt_accumulate(a.opt)
+                         : flashopt_step(a.opt)) == FLASHOPT_OK);
+    }
+    int64_t skipped = -1, st = -1, pending = -1;
+    REQUIRE(flashopt_get_skipped_steps(a.opt, &skipped) == FLASHOPT_OK);
+    CHECK(skipped == bad);
+    REQUIRE(flashopt_get_step(a.opt, -1, &st) == FLASHOPT_OK);
+    CHECK(st == 0);
+    REQUIRE(flashopt_get_accumulated(a.opt, 0, &pending) == FLASHOPT_OK);
+    CHECK(pending == 0);
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      std::vector<float> m = a.master(t);
+      CHECK(std::memcmp(m.data(), before[t].data(), m.size() * 4) == 0);
+    }
+  }
+  auto mbs = microBatches(n, FLASHOPT_BF16, 77);
+  for (int k = 0; k < n; ++k) {
+    for (size_t t = 0; t < kSizes.size(); ++t)
+      a.setGrad(t, mbs[size_t(k)][t]);
+    REQUIRE((k + 1 < n ? flashopt_accumulate(a.opt) : flashopt_step(a.opt)) ==
+            FLASHOPT_OK);
+  }
+  for (size_t t = 0; t < kSizes.size(); ++t) {
+    std::vector<std::vector<float>> gs;
+    for (int k = 0; k < n; ++k)
+      gs.push_back(mbs[size_t(k)][t]);
+    r.setGrad(t, hostAccumulate(gs, Acc::F32));
+  }
+  REQUIRE(flashopt_step(r.opt) == FLASHOPT_OK);
+  for (size_t t = 0; t < kSizes.size(); ++t) {
+    std::vector<float> ma = a.master(t), mr = r.master(t);
+    CHECK(std::memcmp(ma.data(), mr.data(), ma.size() * 4) == 0);
+  }
+  int64_t st = -1;
+  REQUIRE(flashopt_get_step(a.opt, -1, &st) == FLASHOPT_OK);
+  CHECK(st == 1);
 }
 
 TEST_CASE("accumulate: the memory report counts the accumulator") {

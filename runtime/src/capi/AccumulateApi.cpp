@@ -43,21 +43,15 @@ void checkCanAccumulate(OptObj &o) {
          "gradient accumulation is not supported on CUDA contexts yet (the "
          "bundle has the GPU kernels; the CUDA runtime does not load them "
          "yet)");
-  if (o.dp)
+  if (o.dp && o.isGpu())
     fail(FLASHOPT_ERROR_UNSUPPORTED,
-         "gradient accumulation together with replicated data parallelism is "
-         "not supported yet (the reduction would have to reduce the "
-         "accumulator)");
-  if (o.maxGradNorm > 0.0)
-    fail(FLASHOPT_ERROR_UNSUPPORTED,
-         "gradient accumulation together with gradient-norm clipping is not "
-         "supported yet (the norm would have to be of the accumulated "
-         "gradient)");
-  if (o.policy == FLASHOPT_NONFINITE_SKIP)
-    fail(FLASHOPT_ERROR_UNSUPPORTED,
-         "gradient accumulation together with FLASHOPT_NONFINITE_SKIP is not "
-         "supported yet (the scan would have to be of the accumulated "
-         "gradient)");
+         "gradient accumulation together with data parallelism is supported "
+         "on CPU contexts only (for now)");
+  if (o.dp && o.dp->any_reduced())
+    fail(FLASHOPT_ERROR_STATE,
+         "a bucket's gradients were already reduced for this step "
+         "(flashopt_reduce_bucket); with accumulation flashopt_step reduces "
+         "the accumulators instead");
 }
 
 void accumulate(OptObj &o, const std::vector<int64_t> &idx) {
@@ -81,6 +75,76 @@ bool accumulationPending(const OptObj &o) {
   return false;
 }
 
+namespace {
+
+/// Sets every param group's grad_scale to `factor` times its value;
+/// returns the values to restore.
+std::vector<float> scaleGradScales(OptObj &o, float factor) {
+  const int groups = o.opt->num_param_groups();
+  std::vector<float> saved(static_cast<size_t>(groups));
+  for (int g = 0; g < groups; ++g) {
+    Expected<float> v = o.opt->hyper(g, flashopt::abi::kGradScaleHyper);
+    if (!v)
+      fail(FLASHOPT_ERROR_INTERNAL, v.error());
+    saved[size_t(g)] = *v;
+  }
+  for (int g = 0; g < groups; ++g) {
+    Status st = o.opt->set_hyper(g, flashopt::abi::kGradScaleHyper,
+                                 saved[size_t(g)] * factor);
+    if (!st) {
+      restoreGradScales(o, saved);
+      fail(FLASHOPT_ERROR_INTERNAL, st.message());
+    }
+  }
+  return saved;
+}
+
+/// The counters after a step that ended an accumulation.
+void finishStep(OptObj &o) {
+  for (ParamRec &p : o.params) {
+    ++p.step;
+    p.accumulated = 0;
+  }
+  ++o.globalStep;
+  o.opt->set_step_count(o.globalStep);
+}
+
+/// The single-process fast path: the fused step adds this last
+/// micro-batch in registers (one pass over memory fewer).
+void stepFused(OptObj &o, int64_t n) {
+  const double normalizer =
+      o.accumNormalizer > 0.0 ? o.accumNormalizer : double(n + 1);
+  std::vector<float> saved = scaleGradScales(o, float(1.0 / normalizer));
+  std::map<int64_t, std::vector<int64_t>> byStep;
+  for (size_t i = 0; i < o.params.size(); ++i)
+    byStep[o.params[i].step].push_back(int64_t(i));
+  for (const auto &kv : byStep) {
+    Status s = o.opt->step_tensors(kv.second, kv.first + 1,
+                                   flashopt::abi::KernelKind::StepFused);
+    if (!s) {
+      restoreGradScales(o, saved);
+      stepFailure(o, s);
+    }
+  }
+  restoreGradScales(o, saved);
+  // The fused kernel zeroed the accumulators.
+  finishStep(o);
+}
+
+/// Zeroes every accumulator (a skipped step): the micro-batches are
+/// dropped, nothing else changes.
+void dropAccumulation(OptObj &o) {
+  Status z = o.dp ? o.dp->zero_accumulators(*o.opt)
+                  : o.opt->zero_accumulators();
+  if (!z)
+    fail(o.deviceError(), "zeroing the accumulators: " + z.message());
+  for (ParamRec &p : o.params)
+    p.accumulated = 0;
+  ++o.skipped;
+}
+
+} // namespace
+
 void stepAccumulated(OptObj &o) {
   checkCanAccumulate(o);
   std::vector<int64_t> all(o.params.size());
@@ -98,41 +162,92 @@ void stepAccumulated(OptObj &o) {
                std::to_string(n) +
                ": flashopt_step needs the same number for every parameter");
   checkStepReady(o, all);
-  // This step's gradient is micro-batch n + 1.
-  const double normalizer =
-      o.accumNormalizer > 0.0 ? o.accumNormalizer : double(n + 1);
-  const float factor = float(1.0 / normalizer);
-  const int groups = o.opt->num_param_groups();
-  std::vector<float> saved(static_cast<size_t>(groups));
-  for (int g = 0; g < groups; ++g) {
-    Expected<float> v = o.opt->hyper(g, flashopt::abi::kGradScaleHyper);
-    if (!v)
-      fail(FLASHOPT_ERROR_INTERNAL, v.error());
-    saved[size_t(g)] = *v;
-    Status st =
-        o.opt->set_hyper(g, flashopt::abi::kGradScaleHyper, *v * factor);
-    if (!st)
-      fail(FLASHOPT_ERROR_INTERNAL, st.message());
+  const bool skipPolicy = o.policy == FLASHOPT_NONFINITE_SKIP;
+  if (!o.dp && o.maxGradNorm <= 0.0 && !skipPolicy) {
+    stepFused(o, n);
+    return;
+  }
+  // Something must be decided over the whole accumulated gradient (its
+  // norm, its finiteness) or it must be reduced over the ranks first: this
+  // step's gradient, micro-batch n + 1, joins the accumulator before.
+  const int64_t N = n + 1;
+  if (o.dp) {
+    // The ranks agree on the step first (policy, clipping, hypers,
+    // counter, micro-batches, normalizer): nothing has changed if not.
+    flashopt::dist::DataParallel::StepView view;
+    view.skip_policy = skipPolicy;
+    view.max_grad_norm = o.maxGradNorm;
+    view.hyper_hash = hyperHash(o);
+    view.step = o.globalStep;
+    view.micro_batches = N;
+    view.normalizer = o.accumNormalizer;
+    Expected<bool> skip = o.dp->agree(view);
+    if (!skip)
+      fail(skip.error().find("disagree") != std::string::npos
+               ? FLASHOPT_ERROR_MISMATCH
+               : FLASHOPT_ERROR_COMM,
+           skip.error());
+  }
+  if (Status s = o.opt->accumulate_tensors(all); !s)
+    stepFailure(o, s);
+  for (ParamRec &p : o.params)
+    p.accumulated = N;
+  const int W = o.dp ? o.dp->comm().size() : 1;
+  if (o.dp) {
+    // Sharded with clipping: every rank gets the whole reduced sum, so the
+    // norm is over the same bits as in replicated mode.
+    o.dp->set_full_grads(o.maxGradNorm > 0.0);
+    Status r = o.dp->reduce_accumulators(*o.opt);
+    o.dp->step_done();
+    if (!r)
+      fail(FLASHOPT_ERROR_COMM, r.message());
+  }
+  if (skipPolicy) {
+    Expected<bool> finite = o.dp ? o.dp->accumulators_finite(*o.opt)
+                                 : o.opt->accumulators_finite(all);
+    if (!finite)
+      fail(o.dp ? FLASHOPT_ERROR_COMM : FLASHOPT_ERROR_UNSUPPORTED,
+           finite.error());
+    if (!*finite) {
+      dropAccumulation(o);
+      return;
+    }
+  }
+  const double normalizer = o.accumNormalizer > 0.0
+                                ? o.accumNormalizer
+                                : double(N) * double(W);
+  std::vector<float> saved = scaleGradScales(o, float(1.0 / normalizer));
+  // The norm of the accumulated gradient times 1/(N * W): the clip factor
+  // joins grad_scale (what applyClipping returns is the scaled values;
+  // `saved` restores the caller's).
+  (void)applyClipping(o, /*accumulated=*/true);
+  if (o.dp && o.dp->sharded()) {
+    Status s = o.dp->step_shards(*o.opt, o.globalStep + 1,
+                                 flashopt::abi::KernelKind::StepAccumulated);
+    restoreGradScales(o, saved);
+    if (!s)
+      stepFailure(o, s);
+    // The owners' kernel zeroed the shards' accumulators; this rank's own
+    // sums are zeroed here.
+    if (Status z = o.opt->zero_accumulators(); !z)
+      fail(o.deviceError(), "zeroing the accumulators: " + z.message());
+    finishStep(o);
+    return;
   }
   std::map<int64_t, std::vector<int64_t>> byStep;
   for (size_t i = 0; i < o.params.size(); ++i)
     byStep[o.params[i].step].push_back(int64_t(i));
   for (const auto &kv : byStep) {
     Status s = o.opt->step_tensors(kv.second, kv.first + 1,
-                                   flashopt::abi::KernelKind::StepFused);
+                                   flashopt::abi::KernelKind::StepAccumulated);
     if (!s) {
       restoreGradScales(o, saved);
       stepFailure(o, s);
     }
   }
   restoreGradScales(o, saved);
-  // The fused kernel zeroed the accumulators.
-  for (ParamRec &p : o.params) {
-    ++p.step;
-    p.accumulated = 0;
-  }
-  ++o.globalStep;
-  o.opt->set_step_count(o.globalStep);
+  // step_accumulated zeroed the accumulators.
+  finishStep(o);
 }
 
 } // namespace flashopt::capi

@@ -17,6 +17,7 @@
 #include "Errors.h"
 #include "Handles.h"
 #include "Objects.h"
+#include "Stepping.h"
 
 using namespace flashopt::capi;
 
@@ -174,6 +175,13 @@ flashopt_status flashopt_reduce_bucket(flashopt_optimizer opt, int32_t bucket) {
       fail(FLASHOPT_ERROR_INVALID_ARGUMENT, "bucket " + std::to_string(bucket) +
                                                 " does not exist (there are " +
                                                 std::to_string(b.size()) + ")");
+    if (accumulationPending(*o))
+      fail(FLASHOPT_ERROR_STATE,
+           "bucket " + std::to_string(bucket) +
+               ": micro-batches are accumulated, so flashopt_step reduces "
+               "the accumulators (the last micro-batch included) in every "
+               "bucket; flashopt_reduce_bucket reduces gradients of a step "
+               "without accumulation");
     for (int64_t i = b[size_t(bucket)].first;
          i < b[size_t(bucket)].first + b[size_t(bucket)].count; ++i)
       if (!o->opt->tensor(i).grad)

@@ -25,9 +25,10 @@
 
 using namespace flashopt::capi;
 
-namespace {
-/// FNV-1a over the bytes of `v` (the ranks compare hyper tables by it).
-uint64_t hashFloats(const std::vector<float> &v) {
+namespace flashopt::capi {
+/// FNV-1a over the bytes of the hyper table (the ranks compare it).
+uint64_t hyperHash(const OptObj &o) {
+  const std::vector<float> &v = o.opt->hyper_table();
   uint64_t h = 0xcbf29ce484222325ULL;
   const unsigned char *p = reinterpret_cast<const unsigned char *>(v.data());
   for (size_t i = 0; i < v.size() * sizeof(float); ++i) {
@@ -36,7 +37,7 @@ uint64_t hashFloats(const std::vector<float> &v) {
   }
   return h;
 }
-} // namespace
+} // namespace flashopt::capi
 
 extern "C" {
 
@@ -62,8 +63,9 @@ flashopt_status flashopt_step(flashopt_optimizer opt) {
       view.skip_policy = o->policy == FLASHOPT_NONFINITE_SKIP;
       view.finite = !view.skip_policy || gradsFinite(*o, all);
       view.max_grad_norm = o->maxGradNorm;
-      view.hyper_hash = hashFloats(o->opt->hyper_table());
+      view.hyper_hash = hyperHash(*o);
       view.step = o->globalStep;
+      view.normalizer = o->accumNormalizer;
       Expected<bool> skip = o->dp->agree(view);
       if (!skip) {
         o->dp->step_done();

@@ -42,14 +42,16 @@ bool gradsFinite(OptObj &o, const std::vector<int64_t> &idx) {
   return *finite;
 }
 
-std::vector<float> applyClipping(OptObj &o) {
+std::vector<float> applyClipping(OptObj &o, bool accumulated) {
   if (o.maxGradNorm <= 0.0)
     return {};
   const char *gs = flashopt::abi::kGradScaleHyper;
   std::vector<int64_t> all(o.params.size());
   for (size_t i = 0; i < all.size(); ++i)
     all[i] = int64_t(i);
-  Expected<std::vector<double>> ss = o.opt->grad_sum_squares(all);
+  Expected<std::vector<double>> ss = accumulated
+                                         ? o.opt->accumulator_sum_squares(all)
+                                         : o.opt->grad_sum_squares(all);
   if (!ss)
     fail(FLASHOPT_ERROR_UNSUPPORTED, ss.error());
   const int groups = o.opt->num_param_groups();

@@ -28,8 +28,11 @@ void checkStepReady(OptObj &o, const std::vector<int64_t> &idx);
 /// With clipping on: the global gradient norm (recorded in
 /// o.lastGradNorm) and, when it exceeds the maximum, every param group's
 /// grad_scale multiplied by the clip factor; returns the values to restore
-/// after the step (empty when nothing changed).
-std::vector<float> applyClipping(OptObj &o);
+/// after the step (empty when nothing changed). `accumulated`: the norm of
+/// the decoded accumulators (the accumulated, under data parallelism
+/// reduced, gradient) times the grad_scale already set, not of the
+/// gradients.
+std::vector<float> applyClipping(OptObj &o, bool accumulated = false);
 /// Restores the grad_scale values applyClipping returned.
 void restoreGradScales(OptObj &o, const std::vector<float> &saved);
 
@@ -41,8 +44,13 @@ bool gradsFinite(OptObj &o, const std::vector<int64_t> &idx);
 bool accumulationPending(const OptObj &o);
 /// The step that ends an accumulation (AccumulateApi.cpp): the fused step
 /// kernel over every parameter, the gradient scaled by 1/N or
-/// 1/normalizer, the accumulators zeroed.
+/// 1/normalizer, the accumulators zeroed. With data parallelism, clipping
+/// or the skip policy the last micro-batch is accumulated first, the
+/// accumulators reduced over the ranks, the decisions taken on the result,
+/// and step_accumulated steps (1/(N * W)).
 void stepAccumulated(OptObj &o);
+/// A hash of the hyper table, the same on ranks that set the same values.
+uint64_t hyperHash(const OptObj &o);
 
 } // namespace flashopt::capi
 

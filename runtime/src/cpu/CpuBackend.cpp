@@ -183,8 +183,11 @@ public:
   int64_t arena_address(size_t b) const override {
     return int64_t(reinterpret_cast<intptr_t>(arenas_[b].data));
   }
-  Status release_arenas() override {
-    for (Arena &a : arenas_) {
+  Status release_arenas(const std::vector<bool> &which) override {
+    for (size_t b = 0; b < arenas_.size(); ++b) {
+      if (b >= which.size() || !which[b])
+        continue;
+      Arena &a = arenas_[b];
       Arena empty;
       empty.elem = a.elem;
       std::swap(a, empty);

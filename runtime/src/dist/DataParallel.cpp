@@ -306,20 +306,31 @@ Status DataParallel::reduce_remaining(Optimizer &opt) {
 
 void DataParallel::step_done() { reduced_.assign(buckets_.size(), false); }
 
+bool DataParallel::any_reduced() const {
+  for (bool r : reduced_)
+    if (r)
+      return true;
+  return false;
+}
+
 Expected<bool> DataParallel::agree(const StepView &mine) {
   struct Wire {
     uint8_t skip, finite, pad[6];
     double maxNorm;
     uint64_t hyperHash;
     int64_t step;
+    int64_t microBatches;
+    double normalizer;
   };
-  static_assert(sizeof(Wire) == 32, "a fixed wire layout");
+  static_assert(sizeof(Wire) == 48, "a fixed wire layout");
   Wire w{};
   w.skip = mine.skip_policy;
   w.finite = mine.finite;
   w.maxNorm = mine.max_grad_norm;
   w.hyperHash = mine.hyper_hash;
   w.step = mine.step;
+  w.microBatches = mine.micro_batches;
+  w.normalizer = mine.normalizer;
   std::vector<Wire> all(static_cast<size_t>(comm_->size()));
   if (Status s = comm_->all_gather(&w, all.data(), sizeof w); !s)
     return s;
@@ -339,6 +350,14 @@ Expected<bool> DataParallel::agree(const StepView &mine) {
     else if (x.step != z.step)
       what = "the step counter (" + std::to_string(x.step) + " vs " +
              std::to_string(z.step) + ")";
+    else if (x.microBatches != z.microBatches)
+      what = "the number of accumulated micro-batches (" +
+             std::to_string(x.microBatches) + " vs " +
+             std::to_string(z.microBatches) + ")";
+    else if (std::memcmp(&x.normalizer, &z.normalizer, sizeof x.normalizer) !=
+             0)
+      what = "the accumulation normalizer (" + std::to_string(x.normalizer) +
+             " vs " + std::to_string(z.normalizer) + ")";
     if (!what.empty())
       return Status::error("the ranks disagree before this step: rank " +
                            std::to_string(r) + " differs from rank 0 in " +

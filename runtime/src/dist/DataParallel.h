@@ -107,6 +107,8 @@ public:
   Status reduce_remaining(host::Optimizer &opt);
   /// Starts the next step's bookkeeping (no bucket reduced).
   void step_done();
+  /// Whether a bucket was reduced since the last step.
+  bool any_reduced() const;
   /// What every rank must agree on before a step: its NaN policy, whether
   /// its gradients are all finite (only looked at under the skip policy),
   /// the clipping threshold, its hyper table and its step counter.
@@ -116,11 +118,31 @@ public:
     double max_grad_norm = 0.0;
     uint64_t hyper_hash = 0;
     int64_t step = 0;
+    /// Micro-batches accumulated for this step (0: none) and the
+    /// normalizer the accumulated gradient is divided by (0: N * W).
+    int64_t micro_batches = 0;
+    double normalizer = 0.0;
   };
   /// All-gathers every rank's view: an error naming the first rank and the
   /// first thing that differs from rank 0's (the same on every rank), else
   /// whether any rank has a non-finite gradient.
   Expected<bool> agree(const StepView &mine);
+
+  // ---- gradient accumulation (Accumulation.cpp) ----------------------------
+  /// Sums every rank's accumulators (each rank's N micro-batches, decoded
+  /// to f32) in the buckets, in bucket order: reduce-scatter (deterministic:
+  /// rank-order f32 sums) then, replicated, all-gather, the sums encoded
+  /// back into `opt`'s accumulators; sharded, each owner encodes its sums
+  /// into its shard's accumulators (and, with set_full_grads, every rank
+  /// gets all of them in `opt`'s). Not divided: the step's grad_scale
+  /// carries 1/(N * W) or the caller's normalizer.
+  Status reduce_accumulators(host::Optimizer &opt);
+  /// Whether the reduced accumulators are all finite, the same answer on
+  /// every rank (replicated: `opt`'s, bit-identical everywhere; sharded:
+  /// each owner's shard, agreed over the ranks).
+  Expected<bool> accumulators_finite(host::Optimizer &opt);
+  /// Zeroes `opt`'s accumulators and, sharded, the shard's.
+  Status zero_accumulators(host::Optimizer &opt);
 
   // ---- sharded mode (ZeRO-1; Sharded.cpp) ---------------------------------
   bool sharded() const { return owner_ != nullptr; }
@@ -129,8 +151,11 @@ public:
   /// on, so the norm is computed over the same bits as in replicated mode).
   void set_full_grads(bool on) { fullGrads_ = on; }
   /// Steps this rank's shards with step number `t` (hyper-parameters copied
-  /// from `opt` first), then all-gathers the parameters of every bucket.
-  Status step_shards(host::Optimizer &opt, int64_t t);
+  /// from `opt` first) with kernel `kernel` (step_accumulated: on the
+  /// shard's reduced accumulators), then all-gathers the parameters of
+  /// every bucket.
+  Status step_shards(host::Optimizer &opt, int64_t t,
+                     abi::KernelKind kernel = abi::KernelKind::Step);
   /// Buffer `name` of tensor `tensor` whole, in host memory: a correction or
   /// state buffer is all-gathered from its owners (a collective: every rank
   /// calls it in the same order), any other buffer is read from `opt`.
@@ -153,6 +178,13 @@ private:
   Status shard(host::Optimizer &opt, const std::vector<LayoutEntry> &layout,
                const OwnerFactory &make);
   Status reduce_sharded(host::Optimizer &opt, int b);
+  /// Bucket `b`'s accumulators (Accumulation.cpp).
+  Status reduce_accumulator_bucket(host::Optimizer &opt, int b);
+  /// `send` holds W blocks of `M` f32 values, block q for rank q; `sum`
+  /// gets this rank's block summed over the ranks (deterministic: in rank
+  /// order in f32; fast: the engine's reduce-scatter).
+  Status reduceScatterF32(std::vector<float> &send, int64_t M,
+                          std::vector<float> &sum);
   /// Elements of bucket `b` owned by rank `q`, in bucket order.
   const std::vector<Piece> &owned(int b, int q) const {
     return ownedPieces_[size_t(b) * size_t(comm_->size()) + size_t(q)];

@@ -240,7 +240,8 @@ Status DataParallel::reduce_sharded(Optimizer &opt, int bi) {
   }
 }
 
-Status DataParallel::step_shards(Optimizer &opt, int64_t t) {
+Status DataParallel::step_shards(Optimizer &opt, int64_t t,
+                                 abi::KernelKind kernel) {
   try {
     const Manifest &m = opt.manifest();
     if (Status s = syncHypers(opt, *owner_); !s)
@@ -257,7 +258,7 @@ Status DataParallel::step_shards(Optimizer &opt, int64_t t) {
         return s;
       idx.push_back(ownerIndex_[i]);
     }
-    if (Status s = owner_->step_tensors(idx, t); !s)
+    if (Status s = owner_->step_tensors(idx, t, kernel); !s)
       return s;
     owner_->set_step_count(t);
     if (Status s = owner_->synchronize(); !s)

@@ -90,9 +90,11 @@ public:
   /// Bytes allocated: arenas (with padding and spare capacity) and device
   /// tables.
   virtual int64_t allocated_bytes() const = 0;
-  /// Frees every arena (the correction terms and states live elsewhere from
-  /// now on: sharded data parallelism). Backends that cannot say so.
-  virtual Status release_arenas() {
+  /// Frees the arenas of the buffers `which[b]` is true for (the correction
+  /// terms and states live elsewhere from now on: sharded data parallelism;
+  /// the gradient accumulator stays). Backends that cannot say so.
+  virtual Status release_arenas(const std::vector<bool> &which) {
+    (void)which;
     return Status::error(std::string(kind()) +
                          " backend cannot release its state arenas");
   }

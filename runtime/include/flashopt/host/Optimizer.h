@@ -118,6 +118,26 @@ public:
   /// "Gradient accumulation"). An error naming the bundle when it has no
   /// accumulator.
   Status accumulate_tensors(const std::vector<int64_t> &indices);
+  /// Elements [offset, offset + count) of tensor `tensor`'s accumulator,
+  /// decoded to f32 (its encoding's decode: f32 as is, bf16 widened, bf16 +
+  /// i8 the master-weight decode), into host memory `out`.
+  Status read_accumulator(int64_t tensor, int64_t offset, int64_t count,
+                          float *out);
+  /// The inverse: encodes `count` f32 values of host memory `in` into
+  /// elements [offset, offset + count) of the accumulator (elementwise, so
+  /// any range encodes as the whole would).
+  Status write_accumulator(int64_t tensor, int64_t offset, int64_t count,
+                           const float *in);
+  /// Zeroes every tensor's accumulator (all bits, as the accumulated steps
+  /// leave it); nothing without an accumulator.
+  Status zero_accumulators();
+  /// Whether every decoded accumulator element of tensors `indices` is
+  /// finite.
+  Expected<bool> accumulators_finite(const std::vector<int64_t> &indices);
+  /// The sum of the squares of each tensor's decoded accumulator, computed
+  /// as grad_sum_squares computes it for f32 gradients (CPU only).
+  Expected<std::vector<double>>
+  accumulator_sum_squares(const std::vector<int64_t> &indices);
   /// Whether every gradient element of tensors `indices` is finite (no NaN
   /// or +-Inf). Missing gradients and bad indices are skipped.
   Expected<bool> grads_finite(const std::vector<int64_t> &indices);
@@ -134,7 +154,8 @@ public:
 
   /// Frees the correction terms and states of every tensor (sharded data
   /// parallelism keeps its shard of them in another optimizer). Afterwards
-  /// those buffers and stepping are errors, and bytes() counts none of them.
+  /// those buffers and stepping are errors, and bytes() counts none of them;
+  /// the gradient accumulator stays (accumulate_tensors still runs).
   Status release_state();
   /// Whether release_state() was called.
   bool state_released() const;
