@@ -1,4 +1,5 @@
-//===- DataParallelTest.cpp - Data parallelism over real MPI ranks ----------===//
+//===- DataParallelTest.cpp - Data parallelism over real MPI ranks
+//----------===//
 //
 // Part of flashopt.
 //
@@ -44,118 +45,24 @@ using namespace flashopt::host;
 
 namespace {
 
-
-
 const std::vector<int64_t> kSizes = {1, 31, 33, 100, 4097};
-
-
-/// Values of a 16-bit or 32-bit float tensor, host bytes.
-struct Tensor {
-  flashopt_dtype dtype;
-  int64_t n;
-  std::vector<uint8_t> bytes;
-  Tensor(flashopt_dtype d, int64_t n)
-      : dtype(d), n(n), bytes(size_t(n) * (d == FLASHOPT_F32 ? 4 : 2)) {}
-  void *data() { return bytes.data(); }
-  float get(int64_t i) const {
-    if (dtype == FLASHOPT_F32) {
-      float f;
-      std::memcpy(&f, bytes.data() + 4 * i, 4);
-      return f;
-    }
-    uint16_t h;
-    std::memcpy(&h, bytes.data() + 2 * i, 2);
-    return dtype == FLASHOPT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-  }
-  void set(int64_t i, float v) {
-    if (dtype == FLASHOPT_F32) {
-      std::memcpy(bytes.data() + 4 * i, &v, 4);
-      return;
-    }
-    uint16_t h = dtype == FLASHOPT_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
-    std::memcpy(bytes.data() + 2 * i, &h, 2);
-  }
-};
-
-std::vector<Tensor> randomTensors(flashopt_dtype d, uint64_t seed,
-                                  float scale) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<Tensor> out;
-  for (int64_t n : kSizes) {
-    out.emplace_back(d, n);
-    for (int64_t i = 0; i < n; ++i)
-      out.back().set(i, dist(rng));
-  }
-  return out;
-}
 
 /// Rank r's gradients at step k.
 std::vector<Tensor> gradsOf(flashopt_dtype d, int r, int k) {
-  return randomTensors(d, 7919u * uint64_t(r + 1) + 104729u * uint64_t(k),
+  return randomTensors(d, kSizes,
+                       7919u * uint64_t(r + 1) + 104729u * uint64_t(k),
                        0.5f + 0.25f * float(r));
 }
 
-struct Opt {
-  flashopt_context ctx = nullptr;
-  flashopt_optimizer opt = nullptr;
-  std::vector<Tensor> params, grads;
-  flashopt_dtype pdt = FLASHOPT_F32, gdt = FLASHOPT_F32;
-
-  Opt(const std::string &spec, uint64_t seed,
-      const std::vector<std::pair<const char *, double>> &hypers) {
-    OK(flashopt_context_create(FLASHOPT_DEVICE_CPU, 0, &ctx));
-    OK(flashopt_context_set_threads(ctx, 1));
-    OK(flashopt_optimizer_create(ctx, (kernels + "/" + spec).c_str(), &opt));
-    flashopt_optimizer_info info{};
-    OK(flashopt_optimizer_get_info(opt, &info));
-    pdt = info.param_dtype;
-    gdt = info.grad_dtype;
-    for (const auto &[name, v] : hypers)
-      OK(flashopt_set_hyper(opt, -1, name, v));
-    params = randomTensors(pdt, seed, 1.0f);
-    for (int64_t n : kSizes)
-      grads.emplace_back(gdt, n);
-    for (size_t i = 0; i < kSizes.size(); ++i) {
-      int64_t idx = -1;
-      std::string name = "w" + std::to_string(i);
-      OK(flashopt_add_param(opt, 0, name.c_str(), params[i].data(), pdt,
-                            kSizes[i], grads[i].data(), gdt, &idx));
-    }
-  }
-  ~Opt() {
-    flashopt_optimizer_destroy(opt);
-    flashopt_context_destroy(ctx);
-  }
-  /// Params and fp32 masters, hashed.
-  uint64_t hash() {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < params.size(); ++i) {
-      h = fnv(params[i].bytes.data(), params[i].bytes.size(), h);
-      std::vector<float> m(size_t(params[i].n));
-      OK(flashopt_export_master_f32(opt, int64_t(i), m.data(), params[i].n));
-      h = fnv(m.data(), m.size() * 4, h);
-    }
-    return h;
-  }
+struct Opt : DistOpt {
+  Opt(const std::string &spec, uint64_t seed, const Hypers &hypers)
+      : DistOpt(kernels + "/" + spec, kSizes, seed, hypers) {}
 };
 
-/// Whether every rank holds the same hash.
-bool sameEverywhere(uint64_t h) {
-  std::vector<uint64_t> all(static_cast<size_t>(world));
-  MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T,
-                MPI_COMM_WORLD);
-  for (uint64_t x : all)
-    if (x != all[0])
-      return false;
-  return true;
-}
-
-void replicatedEqualsReference(flashopt_comm comm, const std::string &spec,
-                               const std::vector<std::pair<const char *, double>>
-                                   &hypers,
-                               flashopt_reduce_mode mode,
-                               double maxGradNorm = 0.0) {
+void replicatedEqualsReference(
+    flashopt_comm comm, const std::string &spec,
+    const std::vector<std::pair<const char *, double>> &hypers,
+    flashopt_reduce_mode mode, double maxGradNorm = 0.0) {
   std::string what = spec + (mode == FLASHOPT_REDUCE_FAST ? " (fast)" : "") +
                      (maxGradNorm > 0 ? " (clipped)" : "");
   // Different initial values on every rank: attach copies rank 0's.
@@ -219,8 +126,8 @@ void replicatedEqualsReference(flashopt_comm comm, const std::string &spec,
 void nanOnOneRankSkipsEverywhere(flashopt_comm comm) {
   Opt dp("adamw_bf16_m24", 5, {});
   OK(flashopt_set_nonfinite_policy(dp.opt, FLASHOPT_NONFINITE_SKIP));
-  OK(flashopt_optimizer_attach_comm(dp.opt, comm,
-                                    FLASHOPT_REDUCE_DETERMINISTIC, 0));
+  OK(flashopt_optimizer_attach_comm(dp.opt, comm, FLASHOPT_REDUCE_DETERMINISTIC,
+                                    0));
   std::vector<Tensor> g = gradsOf(dp.gdt, rank, 1);
   for (size_t i = 0; i < g.size(); ++i)
     dp.grads[i].bytes = g[i].bytes;
@@ -243,8 +150,8 @@ void nanOnOneRankSkipsEverywhere(flashopt_comm comm) {
 
 void misuseIsRefused(flashopt_comm comm) {
   Opt dp("sgd_f32", 3, {});
-  OK(flashopt_optimizer_attach_comm(dp.opt, comm,
-                                    FLASHOPT_REDUCE_DETERMINISTIC, 0));
+  OK(flashopt_optimizer_attach_comm(dp.opt, comm, FLASHOPT_REDUCE_DETERMINISTIC,
+                                    0));
   EXPECT(flashopt_optimizer_attach_comm(dp.opt, comm,
                                         FLASHOPT_REDUCE_DETERMINISTIC,
                                         0) == FLASHOPT_ERROR_STATE,
@@ -261,8 +168,8 @@ void misuseIsRefused(flashopt_comm comm) {
 
 void disagreementFailsEverywhere(flashopt_comm comm) {
   Opt dp("sgd_f32", 3, {});
-  OK(flashopt_optimizer_attach_comm(dp.opt, comm,
-                                    FLASHOPT_REDUCE_DETERMINISTIC, 0));
+  OK(flashopt_optimizer_attach_comm(dp.opt, comm, FLASHOPT_REDUCE_DETERMINISTIC,
+                                    0));
   std::vector<Tensor> g = gradsOf(dp.gdt, rank, 1);
   for (size_t i = 0; i < g.size(); ++i)
     dp.grads[i].bytes = g[i].bytes;
@@ -272,9 +179,9 @@ void disagreementFailsEverywhere(flashopt_comm comm) {
     OK(flashopt_set_hyper(dp.opt, -1, "lr", 0.25));
   EXPECT(flashopt_step(dp.opt) == FLASHOPT_ERROR_MISMATCH,
          "different hyper-parameters");
-  EXPECT(std::string(flashopt_last_error()).find("rank 1 differs from rank 0 "
-                                                 "in the hyper-parameters") !=
-             std::string::npos,
+  EXPECT(std::string(flashopt_last_error())
+                 .find("rank 1 differs from rank 0 "
+                       "in the hyper-parameters") != std::string::npos,
          std::string("the message names the rank: ") + flashopt_last_error());
   EXPECT(dp.hash() == before, "nothing changed");
   // Back in agreement, one rank with another NaN policy: refused too.

@@ -157,15 +157,6 @@ struct Opt {
   }
 };
 
-bool sameEverywhere(uint64_t h) {
-  std::vector<uint64_t> all(static_cast<size_t>(world));
-  MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T,
-                MPI_COMM_WORLD);
-  for (uint64_t x : all)
-    if (x != all[0])
-      return false;
-  return true;
-}
 
 uint64_t ncclBytes() {
   // The stand-in's counter; 0 (never checked) with the real library.

@@ -112,8 +112,8 @@ Status DataParallel::reduce_accumulator_bucket(Optimizer &opt, int bi) {
   if (!fullGrads_)
     return Status::success();
   // Clipping: every rank needs every reduced accumulator for the norm.
-  if (Status s = comm_->all_gather(sum.data(), send.data(),
-                                   size_t(M) * sizeof(float));
+  if (Status s =
+          comm_->all_gather(sum.data(), send.data(), size_t(M) * sizeof(float));
       !s)
     return s;
   for (int q = 0; q < W; ++q) {
