@@ -358,10 +358,17 @@ FLASHOPT_API flashopt_status flashopt_step_param(flashopt_optimizer opt,
  *  accumulation: its fused kernel adds that last gradient, divides the sum
  *  by N (the micro-batches, that one included) or by the normalizer, steps
  *  and zeroes the accumulators — bit-identical to accumulating the last
- *  micro-batch too and stepping on the accumulator. While micro-batches are
- *  pending flashopt_step_param is refused (FLASHOPT_ERROR_STATE). CPU
- *  contexts, without a communicator, clipping or the skip policy, so far
- *  (FLASHOPT_ERROR_UNSUPPORTED otherwise). */
+ *  micro-batch too and stepping on the accumulator. With gradient-norm
+ *  clipping, FLASHOPT_NONFINITE_SKIP or a communicator attached, the step
+ *  instead accumulates the last gradient, decides on the accumulated
+ *  gradient (its norm; its finiteness: a skipped step zeroes the
+ *  accumulators and changes nothing else) and, with a communicator, first
+ *  sums the ranks' accumulators (decoded to f32, rank order in
+ *  deterministic mode) in the gradient buckets, then steps once with
+ *  1/(N * W) or 1/normalizer. While micro-batches are pending
+ *  flashopt_step_param and flashopt_reduce_bucket are refused
+ *  (FLASHOPT_ERROR_STATE). CPU contexts so far (FLASHOPT_ERROR_UNSUPPORTED
+ *  otherwise). */
 FLASHOPT_API flashopt_status flashopt_accumulate(flashopt_optimizer opt);
 /** flashopt_accumulate for parameter `index` only; every parameter must
  *  have the same number of micro-batches at the next flashopt_step. */
@@ -599,7 +606,10 @@ typedef enum flashopt_reduce_mode {
  *  bit-identical by construction), in buckets of at most `bucket_bytes` of
  *  gradient (0: 25 MiB) in registration order, then steps; under
  *  FLASHOPT_NONFINITE_SKIP the ranks agree: a NaN/Inf on any rank skips the
- *  step on all. Registering more parameters afterwards, flashopt_step_param
+ *  step on all. With gradient accumulation (flashopt_accumulate) the step
+ *  reduces the accumulators instead and scales by 1/(N * W) (docs/RUNTIME.md
+ *  "Gradient accumulation with data parallelism"). Registering more
+ *  parameters afterwards, flashopt_step_param
  *  (gradient release) and a second attach are FLASHOPT_ERROR_STATE. */
 FLASHOPT_API flashopt_status
 flashopt_optimizer_attach_comm(flashopt_optimizer opt, flashopt_comm comm,
