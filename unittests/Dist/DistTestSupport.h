@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <utility>
@@ -49,6 +51,12 @@ std::string kernels;
   } while (0)
 
 #define OK(call) EXPECT((call) == FLASHOPT_OK, #call)
+
+/// The bytes of the file at `path` (empty when it cannot be read).
+[[maybe_unused]] std::vector<uint8_t> fileBytes(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
 
 uint64_t fnv(const void *p, size_t n, uint64_t h = 0xcbf29ce484222325ULL) {
   const unsigned char *c = static_cast<const unsigned char *>(p);

@@ -18,6 +18,8 @@
 ///  - the gradients went through NCCL (the stand-in counts the bytes);
 ///  - sizes 1, 31, 33, 100, 4097 (divisible neither by W nor by 32, some
 ///    smaller than W x 32), several buckets, one reduced early;
+///  - sharded (ZeRO-1) over NCCL and over MPI == replicated bit for bit
+///    after every step, the memory report holding only this rank's shard;
 ///  - a layout that differs on one rank is FLASHOPT_ERROR_MISMATCH on every
 ///    rank, and so is a CPU optimizer on one rank among CUDA ones (the ranks
 ///    would reduce through different engines); a CPU optimizer on every rank
@@ -33,6 +35,7 @@
 #include "flashopt/host/Float16.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -209,6 +212,77 @@ void ncclMatchesMpi(flashopt_comm nccl, flashopt_comm mpi,
   }
 }
 
+/// Sharded (ZeRO-1) on CUDA contexts, over the NCCL communicator and over
+/// the MPI one: bit-identical to replicated mode after every step
+/// (deterministic reduction), the same everywhere, and each rank's memory
+/// report holds only its shard of the correction terms and states.
+void shardedMatchesReplicated(flashopt_comm nccl, flashopt_comm mpi,
+                              const std::string &spec) {
+  Opt rep(spec, 11 + uint64_t(rank)), shN(spec, 11 + uint64_t(rank)),
+      shM(spec, 11 + uint64_t(rank));
+  flashopt_memory_report full{}, mine{};
+  OK(flashopt_memory_report_get(shN.opt, &full));
+  OK(flashopt_optimizer_attach_comm(rep.opt, mpi,
+                                    FLASHOPT_REDUCE_DETERMINISTIC, 256));
+  OK(flashopt_optimizer_attach_comm_sharded(
+      shN.opt, nccl, FLASHOPT_REDUCE_DETERMINISTIC, 256));
+  OK(flashopt_optimizer_attach_comm_sharded(
+      shM.opt, mpi, FLASHOPT_REDUCE_DETERMINISTIC, 256));
+  OK(flashopt_memory_report_get(shN.opt, &mine));
+  const std::string what = spec + " sharded on CUDA";
+  int64_t held[2] = {mine.correction_bytes, mine.state_bytes}, sum[2] = {};
+  MPI_Allreduce(held, sum, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT(sum[0] == full.correction_bytes && sum[1] == full.state_bytes,
+         what + ": the shards add up to the whole");
+  if (world > 1 && full.correction_bytes + full.state_bytes > 0)
+    EXPECT(mine.correction_bytes + mine.state_bytes <
+               full.correction_bytes + full.state_bytes,
+           what + ": each rank holds less than the whole");
+  EXPECT(mine.param_bytes == full.param_bytes, what + ": parameters whole");
+  EXPECT(rep.hashParams() == shN.hashParams() &&
+             rep.hashParams() == shM.hashParams(),
+         what + ": rank 0's state everywhere");
+  for (int k = 1; k <= 3; ++k) {
+    rep.setGrads(rank, k);
+    shN.setGrads(rank, k);
+    shM.setGrads(rank, k);
+    OK(flashopt_step(rep.opt));
+    OK(flashopt_step(shN.opt));
+    OK(flashopt_step(shM.opt));
+    const std::string at = what + ", step " + std::to_string(k);
+    uint64_t hr = rep.hashParams(), hn = shN.hashParams(),
+             hm = shM.hashParams();
+    EXPECT(sameEverywhere(hn), at + ": the same on every rank");
+    EXPECT(hn == hr, at + ": over NCCL == replicated");
+    EXPECT(hm == hr, at + ": over MPI == replicated");
+  }
+  // A collective save from the device shards is the replicated file, and a
+  // sharded optimizer that loads it holds the same state.
+  const std::string path = "/tmp/flashopt-nccl-sharded-" +
+                           std::to_string(getppid()) + "-" + spec;
+  OK(flashopt_save_checkpoint(shN.opt, (path + ".safetensors").c_str(),
+                              FLASHOPT_CHECKPOINT_COMPRESSED));
+  if (rank == 0)
+    OK(flashopt_save_checkpoint(rep.opt, (path + "-rep.safetensors").c_str(),
+                                FLASHOPT_CHECKPOINT_COMPRESSED));
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT(!fileBytes(path + ".safetensors").empty() &&
+             fileBytes(path + ".safetensors") ==
+                 fileBytes(path + "-rep.safetensors"),
+         what + ": the checkpoint is the replicated file, byte for byte");
+  Opt back(spec, 77 + uint64_t(rank));
+  OK(flashopt_optimizer_attach_comm_sharded(
+      back.opt, nccl, FLASHOPT_REDUCE_DETERMINISTIC, 256));
+  OK(flashopt_load_checkpoint(back.opt, (path + ".safetensors").c_str()));
+  EXPECT(back.hashParams() == rep.hashParams(),
+         what + ": loaded into a sharded optimizer");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {
+    std::remove((path + ".safetensors").c_str());
+    std::remove((path + "-rep.safetensors").c_str());
+  }
+}
+
 /// A CPU optimizer over host parameters and gradients.
 struct HostOpt {
   flashopt_context ctx = nullptr;
@@ -334,6 +408,8 @@ int main(int argc, char **argv) {
         for (const char *spec : {"sgd_bf16", "adamw_bf16_m24", "sgd_f32"})
           ncclMatchesMpi(nccl, mpi, spec, FLASHOPT_REDUCE_DETERMINISTIC);
         ncclMatchesMpi(nccl, mpi, "adamw_bf16_m24", FLASHOPT_REDUCE_FAST);
+        for (const char *spec : {"adamw_bf16_m24", "lion_bf16_m24", "sgd_f32"})
+          shardedMatchesReplicated(nccl, mpi, spec);
         mismatchedLayout(nccl);
         hostOptimizers(nccl);
       }

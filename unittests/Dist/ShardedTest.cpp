@@ -187,11 +187,6 @@ void modeMismatchFailsEverywhere(flashopt_comm comm) {
   EXPECT(seconds < 10.0, "no hang");
 }
 
-std::vector<uint8_t> fileBytes(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
-
 /// Steps `o` with the rank-order average of ranks [0, W)'s gradients of
 /// step k (a single-process reference of a W-rank deterministic step).
 void stepReference(Opt &o, int W, int k) {

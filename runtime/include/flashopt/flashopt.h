@@ -625,8 +625,9 @@ flashopt_optimizer_attach_comm(flashopt_optimizer opt, flashopt_comm comm,
  *  for bit after every step. The callers' gradient buffers are left as they
  *  were unless gradient-norm clipping is on (then they receive the averaged
  *  gradients, as in replicated mode, and the norm is the same). The memory
- *  report counts this rank's shard. CPU contexts only for now
- *  (FLASHOPT_ERROR_UNSUPPORTED on CUDA). Checkpoints are collective: every
+ *  report counts this rank's shard. On CUDA contexts the shards live in
+ *  device memory and the collectives stage through host memory
+ *  (docs/RUNTIME.md "Sharded mode (ZeRO-1)"). Checkpoints are collective: every
  *  rank calls flashopt_save_checkpoint, rank 0 writes the single-process
  *  format; a load (before or after attaching, at any W) keeps each rank's
  *  shard. Reading correction terms or states (checkpoint save,

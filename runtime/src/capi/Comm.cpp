@@ -73,11 +73,23 @@ void attach(flashopt_optimizer opt, flashopt_comm comm,
     for (const ParamRec &p : o->params)
       layout.push_back({p.name, p.numel, p.group});
     flashopt::dist::OwnerFactory owner;
-    if (sharded) {
-      if (o->isGpu())
-        fail(FLASHOPT_ERROR_UNSUPPORTED,
-             "sharded data parallelism is supported on CPU contexts only "
-             "(for now)");
+    if (sharded && o->isGpu()) {
+      // The shards' optimizer: the same bundle (not owned: the full
+      // optimizer outlives it) on the same context and stream defaults;
+      // its gradients are device staging (Backend::allocate_scratch).
+      auto *full = static_cast<flashopt::host::CudaOptimizer *>(o->opt.get());
+      owner = [full]() -> Expected<std::unique_ptr<flashopt::host::Optimizer>> {
+        std::shared_ptr<flashopt::host::CudaBundle> b(
+            std::shared_ptr<void>(),
+            const_cast<flashopt::host::CudaBundle *>(&full->bundle()));
+        Expected<std::unique_ptr<flashopt::host::CudaOptimizer>> x =
+            flashopt::host::CudaOptimizer::create(b);
+        if (!x)
+          return x.status();
+        return std::unique_ptr<flashopt::host::Optimizer>(
+            std::move(x.value()));
+      };
+    } else if (sharded) {
       // The shards' optimizer: the same bundle (not owned: the full
       // optimizer outlives it), the same threads.
       CpuOptimizer *cpu = o->cpu;

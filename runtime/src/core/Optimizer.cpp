@@ -28,6 +28,17 @@ namespace flashopt::host {
 
 Backend::~Backend() = default;
 
+Expected<std::shared_ptr<void>> Backend::allocate_scratch(int64_t bytes) {
+  try {
+    std::shared_ptr<uint8_t> p(new uint8_t[size_t(std::max<int64_t>(1, bytes))](),
+                               std::default_delete<uint8_t[]>());
+    return std::shared_ptr<void>(p, p.get());
+  } catch (const std::bad_alloc &) {
+    return Status::error("out of memory allocating " + std::to_string(bytes) +
+                         " bytes of scratch");
+  }
+}
+
 struct Optimizer::Impl {
   std::unique_ptr<Backend> backend;
   const Manifest *m = nullptr;

@@ -164,6 +164,21 @@ public:
     return int64_t(arenas_[b].data);
   }
 
+  Status release_arenas(const std::vector<bool> &which) override {
+    CudaContext::Scope scope(*ctx_);
+    if (!scope.ok())
+      return scope.status();
+    for (size_t b = 0; b < arenas_.size(); ++b) {
+      if (b >= which.size() || !which[b])
+        continue;
+      freeAfterStream(arenas_[b].data);
+      DeviceArena empty;
+      empty.elem = arenas_[b].elem;
+      arenas_[b] = empty;
+    }
+    return Status::success();
+  }
+
   int64_t allocated_bytes() const override {
     int64_t n = devTableBytes_ + devHypersBytes_;
     for (const DeviceArena &a : arenas_)
@@ -267,6 +282,26 @@ public:
     if (s)
       s = ctx_->upload(CUdeviceptr(uintptr_t(address)), src, bytes);
     return s;
+  }
+
+  Expected<std::shared_ptr<void>> allocate_scratch(int64_t bytes) override {
+    Expected<DeviceBuffer> b =
+        DeviceBuffer::allocate(ctx_, std::max<int64_t>(1, bytes));
+    if (!b)
+      return b.status();
+    auto held = std::make_shared<DeviceBuffer>(std::move(b.value()));
+    {
+      CudaContext::Scope scope(*ctx_);
+      if (!scope.ok())
+        return scope.status();
+      if (Status s = d_->check(d_->cuMemsetD8(held->ptr(), 0,
+                                              size_t(held->bytes())),
+                               "scratch: cuMemsetD8");
+          !s)
+        return s;
+    }
+    return std::shared_ptr<void>(
+        held, reinterpret_cast<void *>(uintptr_t(held->ptr())));
   }
 
 private:

@@ -125,7 +125,7 @@ DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
             std::to_string(bucket_bytes) + " bytes\n";
     // Ranks that reduce through different engines would hang, too.
     text += std::string("gradients reduced in ") +
-            (comm->has_reduce_mean_device() &&
+            (!make_owner && comm->has_reduce_mean_device() &&
                      std::strcmp(opt.backend().kind(), "cuda") == 0
                  ? "device memory"
                  : "host memory") +

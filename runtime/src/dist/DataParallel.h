@@ -194,7 +194,12 @@ private:
   std::unique_ptr<host::Optimizer> owner_;
   std::vector<OwnedRange> ranges_;   ///< [tensor] this rank's elements
   std::vector<int64_t> ownerIndex_;  ///< [tensor] index in owner_ or -1
-  std::vector<std::vector<uint8_t>> stage_; ///< [owner tensor] reduced grad
+  /// The owner's gradient of one owned range: the reduced gradient.
+  struct Stage {
+    std::shared_ptr<void> mem; ///< Backend::allocate_scratch
+    int64_t bytes = 0;
+  };
+  std::vector<Stage> stage_; ///< [owner tensor]
   std::vector<std::vector<Piece>> ownedPieces_; ///< [bucket * W + rank]
   std::vector<LayoutEntry> layout_;
   bool fullGrads_ = false;

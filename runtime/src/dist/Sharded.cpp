@@ -10,7 +10,9 @@
 /// correction terms and states exist only for its ranges, in a second
 /// optimizer (`owner_`) whose tensors are those ranges: their parameters
 /// point into the callers' parameters, their gradients into staging buffers
-/// the reduce-scatter fills. Since groups never straddle a range, stepping a
+/// the reduce-scatter fills (scratch memory of the owner's backend: host
+/// memory on the CPU, device memory on CUDA, where the collectives still
+/// stage through the host). Since groups never straddle a range, stepping a
 /// range is the same arithmetic on the same bits as stepping the whole
 /// tensor, so sharded equals replicated bit for bit (with the same
 /// deterministic reduction: each element summed in rank order in fp32 by
@@ -125,11 +127,16 @@ Status DataParallel::shard(Optimizer &opt,
     const OwnedRange r = ranges_[i];
     if (r.end == r.begin)
       continue;
-    stage_.emplace_back(static_cast<size_t>((r.end - r.begin) * ges), 0);
+    // In memory the owner's kernels address (device memory on CUDA).
+    Expected<std::shared_ptr<void>> st =
+        owner_->backend().allocate_scratch((r.end - r.begin) * ges);
+    if (!st)
+      return st.status();
+    stage_.push_back({std::move(st.value()), (r.end - r.begin) * ges});
     void *param =
         static_cast<uint8_t *>(opt.tensor(int64_t(i)).param) + r.begin * pes;
     Expected<int64_t> k = owner_->add_param(
-        layout[i].group, param, r.end - r.begin, stage_.back().data());
+        layout[i].group, param, r.end - r.begin, stage_.back().mem.get());
     if (!k)
       return k.status();
     ownerIndex_[i] = *k;
@@ -208,9 +215,12 @@ Status DataParallel::reduce_sharded(Optimizer &opt, int bi) {
     for (const Piece &pc : owned(bi, me)) {
       const OwnedRange r = ranges_[size_t(pc.tensor)];
       // Owner tensor k's gradient is stage_[k] (added in the same order).
-      std::vector<uint8_t> &st = stage_[size_t(ownerIndex_[size_t(pc.tensor)])];
-      std::memcpy(st.data() + (pc.offset - r.begin) * es, mine.data() + at * es,
-                  size_t(pc.count * es));
+      const Stage &st = stage_[size_t(ownerIndex_[size_t(pc.tensor)])];
+      if (Status s = owner_->backend().write(
+              static_cast<uint8_t *>(st.mem.get()) + (pc.offset - r.begin) * es,
+              mine.data() + at * es, pc.count * es);
+          !s)
+        return s;
       at += pc.count;
     }
     if (!fullGrads_)
@@ -381,8 +391,8 @@ BytesReport DataParallel::shard_bytes() const {
   r.correction = o.correction;
   r.states = o.states;
   int64_t staging = 0;
-  for (const auto &s : stage_)
-    staging += int64_t(s.size());
+  for (const Stage &s : stage_)
+    staging += s.bytes;
   r.runtime_allocated = o.runtime_allocated + staging;
   return r;
 }

@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace flashopt::host {
@@ -126,6 +127,13 @@ public:
   /// Copies `bytes` of host memory to `address`, after all work queued
   /// before.
   virtual Status write(void *address, const void *src, int64_t bytes) = 0;
+
+  // ---- scratch memory -----------------------------------------------------
+  /// `bytes` (at least 1) of zeroed memory the backend's kernels can address
+  /// (host memory on the CPU, device memory on CUDA), outside the arenas and
+  /// freed with the last copy of the pointer: sharded data parallelism's
+  /// gradient staging. Reached through read() and write() like a buffer.
+  virtual Expected<std::shared_ptr<void>> allocate_scratch(int64_t bytes);
 };
 
 } // namespace flashopt::host
