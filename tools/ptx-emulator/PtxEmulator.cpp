@@ -101,7 +101,10 @@ struct Operand {
   int32_t reg = -1;    ///< Reg; Mem: base register (-1: param symbol)
   uint64_t imm = 0;    ///< Imm; Mem: offset (+ the symbol's offset)
   uint8_t nvec = 0;    ///< Vec
-  int32_t vec[4] = {-1, -1, -1, -1}; ///< Vec elements, -1 = sink "_"
+  /// Vec elements: a register, -1 = sink "_", -2 = the immediate vimm[i]
+  /// (a source only: `st.v2.b32 [a], {0, 0}`).
+  int32_t vec[4] = {-1, -1, -1, -1};
+  uint64_t vimm[4] = {0, 0, 0, 0};
   Special special = Special::TidX;
   int32_t target = -1; ///< Label: instruction index
   std::string label;   ///< Label name until resolved
@@ -294,7 +297,22 @@ void decodeOpcode(const std::string &text, Inst &I) {
     need(1);
     I.t = types[0];
     bool fl = I.t == T::F32 || I.t == T::F32X2 || I.t == T::F64;
-    if (fl) {
+    if (I.t == T::BF16 || I.t == T::BF16X2) {
+      // add/sub/mul/fma{.rn}.bf16{x2}: one rounding to bf16 (what NVPTX
+      // makes of fptrunc(fadd(fpext a, fpext b)) on sm_80+).
+      if (base == "mad" || base == "div" || intForm)
+        throw std::runtime_error(base + " with this type is not implemented");
+      if (I.rnd != Rnd::RN && I.rnd != Rnd::None)
+        throw std::runtime_error(base + ".bf16 takes only .rn");
+      if (I.ftz || I.sat || I.nanMode)
+        throw std::runtime_error(".ftz/.sat/.NaN on " + base + ".bf16 is "
+                                 "not implemented");
+      I.rnd = Rnd::RN;
+      I.op = base == "add"   ? Op::AddF
+             : base == "sub" ? Op::SubF
+             : base == "mul" ? Op::MulF
+                             : Op::FmaF;
+    } else if (fl) {
       if (intForm)
         throw std::runtime_error(base + ".lo/hi/wide on a float type");
       if (base == "mad")
@@ -853,7 +871,18 @@ struct Parser {
         e = trim(e);
         if (o.nvec == 4)
           fail(at, "vector operand longer than 4");
-        o.vec[o.nvec++] = e == "_" ? -1 : regIndex(e, at);
+        if (e == "_") {
+          o.vec[o.nvec++] = -1;
+          continue;
+        }
+        bool isImm = false;
+        uint64_t v = regs.count(e) ? 0 : parseImm(e, at, &isImm);
+        if (isImm) {
+          o.vimm[o.nvec] = v;
+          o.vec[o.nvec++] = -2;
+        } else {
+          o.vec[o.nvec++] = regIndex(e, at);
+        }
       }
       return o;
     }
@@ -1016,11 +1045,14 @@ struct Parser {
       if (I.o[0].kind == Operand::Vec) {
         if (I.o[1].kind != Operand::Reg)
           bad("unpacking needs a register source");
+        for (int i = 0; i < I.o[0].nvec; ++i)
+          if (I.o[0].vec[i] == -2)
+            bad("an immediate in a vector destination");
       } else {
         dstReg(0);
         if (I.o[1].kind == Operand::Vec) {
           for (int i = 0; i < I.o[1].nvec; ++i)
-            if (I.o[1].vec[i] < 0)
+            if (I.o[1].vec[i] == -1)
               bad("sink in a packing source");
         } else if (!isRegOrImm(I.o[1]) && I.o[1].kind != Operand::Spec) {
           bad("source must be a register, immediate, vector or special "
@@ -1047,6 +1079,10 @@ struct Parser {
         dstReg(0);
       else if (I.o[0].kind != Operand::Vec || I.o[0].nvec != I.vec)
         bad("vector destination of the load's width expected");
+      else
+        for (int i = 0; i < I.vec; ++i)
+          if (I.o[0].vec[i] == -2)
+            bad("an immediate in a vector destination");
       break;
     case Op::St:
       count(2);
@@ -1058,7 +1094,7 @@ struct Parser {
         bad("vector source of the store's width expected");
       else
         for (int i = 0; i < I.vec; ++i)
-          if (I.o[1].vec[i] < 0)
+          if (I.o[1].vec[i] == -1)
             bad("sink in a store source");
       break;
     case Op::Selp:
@@ -1465,6 +1501,10 @@ struct Executor {
   inline uint64_t rd(const Operand &o, int l) const {
     return o.kind == Operand::Reg ? R[size_t(o.reg) * 32 + l] : o.imm;
   }
+  /// Element i of the vector source `o` in lane l.
+  inline uint64_t vecElem(const Operand &o, int i, int l) const {
+    return o.vec[i] == -2 ? o.vimm[i] : R[size_t(o.vec[i]) * 32 + l];
+  }
   inline void wr(int reg, int l, uint64_t v) {
     R[size_t(reg) * 32 + l] = v & k.regMask[size_t(reg)];
   }
@@ -1730,6 +1770,38 @@ struct Executor {
     return ftz ? ftz32(o) : o;
   }
 
+  /// bf16 a op b (op c), rounded once to nearest even: the exact result
+  /// rounded to odd in double (the product of two bf16 values is exact
+  /// there), then to odd in f32, then to nearest bf16 (rounding to odd
+  /// with two or more extra bits makes the last rounding correct). NaN ->
+  /// canonical; subnormals kept.
+  static inline uint16_t arithBF16(Op op, uint16_t a, uint16_t b,
+                                   uint16_t c) {
+    const double x = double(asF(widenBF16(a))), y = double(asF(widenBF16(b))),
+                 z = double(asF(widenBF16(c)));
+    const int saved = std::fegetround();
+    std::fesetround(FE_TOWARDZERO);
+    std::feclearexcept(FE_INEXACT);
+    volatile double vx = x, vy = y, vz = z, v;
+    switch (op) {
+    case Op::AddF: v = vx + vy; break;
+    case Op::SubF: v = vx - vy; break;
+    case Op::MulF: v = vx * vy; break;
+    default: v = std::fma(double(vx), double(vy), double(vz)); break;
+    }
+    double d = v;
+    if (std::fetestexcept(FE_INEXACT) && !std::isnan(d) && !std::isinf(d))
+      d = asD(asU64(d) | 1);
+    std::feclearexcept(FE_INEXACT);
+    volatile float vf = float(d);
+    uint32_t f = asU(vf);
+    if (std::fetestexcept(FE_INEXACT) && !nan32(f) &&
+        (f & 0x7FFFFFFFu) != 0x7F800000u)
+      f |= 1;
+    std::fesetround(saved);
+    return narrow16(f, /*bf16=*/true, Rnd::RN);
+  }
+
   static inline uint64_t arith64(Op op, Rnd r, uint64_t a, uint64_t b,
                                  uint64_t c) {
     RoundScope rs(r);
@@ -1835,7 +1907,7 @@ struct Executor {
         lanes(m, [&](int l) {
           uint64_t v = 0;
           for (int i = 0; i < A.nvec; ++i)
-            v |= (R[size_t(A.vec[i]) * 32 + l] & maskOf(ew)) << (i * ew);
+            v |= (vecElem(A, i, l) & maskOf(ew)) << (i * ew);
           wr(dreg, l, v);
         });
       } else if (A.kind == Operand::Spec) {
@@ -1877,7 +1949,7 @@ struct Executor {
         uint64_t addr = R[size_t(D.reg) * 32 + l] + D.imm;
         checkAccess(I, l, addr, total, true);
         for (int i = 0; i < I.vec; ++i) {
-          uint64_t v = I.vec == 1 ? rd(A, l) : R[size_t(A.vec[i]) * 32 + l];
+          uint64_t v = I.vec == 1 ? rd(A, l) : vecElem(A, i, l);
           std::memcpy(reinterpret_cast<void *>(uintptr_t(addr + uint64_t(i * bytes))),
                       &v, size_t(bytes));
         }
@@ -2095,7 +2167,17 @@ struct Executor {
         });
         return;
       }
-      if (I.t == T::F32) {
+      if (I.t == T::BF16 || I.t == T::BF16X2) {
+        const bool fma = I.op == Op::FmaF, two = I.t == T::BF16X2;
+        lanes(m, [&](int l) {
+          uint64_t a = rd(A, l), b = rd(B, l), c = fma ? rd(C, l) : 0;
+          uint64_t lo = arithBF16(I.op, uint16_t(a), uint16_t(b), uint16_t(c));
+          uint64_t hi = two ? arithBF16(I.op, uint16_t(a >> 16),
+                                        uint16_t(b >> 16), uint16_t(c >> 16))
+                            : 0;
+          wr(dreg, l, hi << 16 | lo);
+        });
+      } else if (I.t == T::F32) {
         const bool sq = I.op == Op::SqrtF, fma = I.op == Op::FmaF;
         lanes(m, [&](int l) {
           wr(dreg, l,

@@ -20,6 +20,8 @@
 ///    smaller than W x 32), several buckets, one reduced early;
 ///  - sharded (ZeRO-1) over NCCL and over MPI == replicated bit for bit
 ///    after every step, the memory report holding only this rank's shard;
+///  - gradient accumulation on CUDA: == a CPU optimizer on its own;
+///    replicated over NCCL == over MPI == sharded, the same on every rank;
 ///  - a layout that differs on one rank is FLASHOPT_ERROR_MISMATCH on every
 ///    rank, and so is a CPU optimizer on one rank among CUDA ones (the ranks
 ///    would reduce through different engines); a CPU optimizer on every rank
@@ -320,7 +322,84 @@ struct HostOpt {
       h = fnv(g.data(), g.size(), h);
     return h;
   }
+  /// Opt::setGrads's gradients, in place.
+  void setGrads(int r, int k) {
+    flashopt_optimizer_info info{};
+    OK(flashopt_optimizer_get_info(opt, &info));
+    for (size_t i = 0; i < grads.size(); ++i) {
+      std::vector<uint8_t> b = randomBytes(
+          info.grad_dtype, kSizes[i],
+          7919u * uint64_t(r + 1) + 104729u * uint64_t(k) + i,
+          0.5f + 0.25f * float(r));
+      std::memcpy(grads[i].data(), b.data(), b.size());
+    }
+  }
 };
+
+/// Gradient accumulation on CUDA contexts (the generated GPU accumulate /
+/// step_fused / step_accumulated kernels): on its own, three micro-batches
+/// then a step equal a CPU optimizer of the same bundle bit for bit
+/// (parameters and masters); over NCCL and MPI (replicated) and sharded,
+/// the same bits as each other and on every rank after every step.
+void accumulateOnCuda(flashopt_comm nccl, flashopt_comm mpi) {
+  const std::string spec =
+      "../kernels-accumulate-gpu/adamw_m24_acc_bf16_i8_gpu";
+  {
+    Opt g(spec, 5);
+    HostOpt c(spec, 5);
+    for (int k = 1; k <= 2; ++k) {
+      for (int mb = 0; mb < 3; ++mb) {
+        g.setGrads(rank, 10 * k + mb);
+        c.setGrads(rank, 10 * k + mb);
+        if (mb < 2) {
+          OK(flashopt_accumulate(g.opt));
+          OK(flashopt_accumulate(c.opt));
+        }
+      }
+      OK(flashopt_step(g.opt));
+      OK(flashopt_step(c.opt));
+      OK(flashopt_synchronize(g.opt));
+      bool same = true;
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        same = same && g.params[i]->download() == c.params[i];
+        std::vector<float> mg(size_t(kSizes[i])), mc(size_t(kSizes[i]));
+        OK(flashopt_export_master_f32(g.opt, int64_t(i), mg.data(), kSizes[i]));
+        OK(flashopt_export_master_f32(c.opt, int64_t(i), mc.data(), kSizes[i]));
+        same = same && std::memcmp(mg.data(), mc.data(), mg.size() * 4) == 0;
+      }
+      EXPECT(same, "accumulation on CUDA == CPU, step " + std::to_string(k));
+    }
+    flashopt_memory_report r{};
+    OK(flashopt_memory_report_get(g.opt, &r));
+    EXPECT(r.accumulator_bytes > 0, "the memory report counts the "
+                                    "accumulator on CUDA");
+  }
+  Opt rn(spec, 11 + uint64_t(rank)), rm(spec, 11 + uint64_t(rank)),
+      sh(spec, 11 + uint64_t(rank));
+  OK(flashopt_optimizer_attach_comm(rn.opt, nccl,
+                                    FLASHOPT_REDUCE_DETERMINISTIC, 256));
+  OK(flashopt_optimizer_attach_comm(rm.opt, mpi,
+                                    FLASHOPT_REDUCE_DETERMINISTIC, 256));
+  OK(flashopt_optimizer_attach_comm_sharded(
+      sh.opt, nccl, FLASHOPT_REDUCE_DETERMINISTIC, 256));
+  for (int k = 1; k <= 3; ++k) {
+    for (int mb = 0; mb < 3; ++mb) {
+      for (Opt *o : {&rn, &rm, &sh})
+        o->setGrads(rank, 10 * k + mb);
+      if (mb < 2)
+        for (Opt *o : {&rn, &rm, &sh})
+          OK(flashopt_accumulate(o->opt));
+    }
+    for (Opt *o : {&rn, &rm, &sh})
+      OK(flashopt_step(o->opt));
+    const std::string at = "accumulation on CUDA with data parallelism, step " +
+                           std::to_string(k);
+    uint64_t hn = rn.hashParams(), hm = rm.hashParams(), hs = sh.hashParams();
+    EXPECT(sameEverywhere(hn), at + ": replicas bit-identical");
+    EXPECT(hn == hm, at + ": NCCL == MPI");
+    EXPECT(hs == hn, at + ": sharded == replicated");
+  }
+}
 
 /// A CPU optimizer with the NCCL communicator reduces over MPI in host
 /// memory (NCCL moves nothing), and one CPU rank among CUDA ranks is a
@@ -410,6 +489,7 @@ int main(int argc, char **argv) {
         ncclMatchesMpi(nccl, mpi, "adamw_bf16_m24", FLASHOPT_REDUCE_FAST);
         for (const char *spec : {"adamw_bf16_m24", "lion_bf16_m24", "sgd_f32"})
           shardedMatchesReplicated(nccl, mpi, spec);
+        accumulateOnCuda(nccl, mpi);
         mismatchedLayout(nccl);
         hostOptimizers(nccl);
       }

@@ -228,7 +228,38 @@ Outcome compare(const std::string &dir, int chip, const Run &run) {
       REQUIRE(cpu.set_hyper(0, "lr", 0.003f).ok());
     }
     Status gs;
-    if (run.partialSteps.empty()) {
+    if (run.microBatches > 0) {
+      std::vector<int64_t> all(n);
+      for (size_t i = 0; i < n; ++i)
+        all[i] = int64_t(i);
+      const bool fused = s % 2 == 0;
+      for (int mb = 0; mb < run.microBatches; ++mb) {
+        for (size_t i = 0; i < n; ++i) { // fresh gradients, both sides
+          // In place: the CPU optimizer holds hg[i]'s address.
+          std::vector<uint8_t> fresh =
+              data(m.grad, run.sizes[i], -12, 0, rng, false);
+          std::memcpy(hg[i].data(), fresh.data(), fresh.size());
+          REQUIRE(dg[i].upload(hg[i].data(), int64_t(hg[i].size())).ok());
+        }
+        const bool last = mb + 1 == run.microBatches;
+        if (last && fused) {
+          gs = gpu.step_tensors(all, s + 1, abi::KernelKind::StepFused);
+          Status cs = cpu.step_tensors(all, s + 1, abi::KernelKind::StepFused);
+          REQUIRE_MESSAGE(cs.ok(), cs.message());
+          break;
+        }
+        gs = gpu.accumulate_tensors(all);
+        Status cs = cpu.accumulate_tensors(all);
+        REQUIRE_MESSAGE(cs.ok(), cs.message());
+        if (!gs.ok())
+          break;
+        if (last) {
+          gs = gpu.step_tensors(all, s + 1, abi::KernelKind::StepAccumulated);
+          cs = cpu.step_tensors(all, s + 1, abi::KernelKind::StepAccumulated);
+          REQUIRE_MESSAGE(cs.ok(), cs.message());
+        }
+      }
+    } else if (run.partialSteps.empty()) {
       gs = gpu.step();
     } else {
       for (const auto &part : run.partialSteps) {
@@ -243,7 +274,7 @@ Outcome compare(const std::string &dir, int chip, const Run &run) {
       return out;
     }
     launches0 += run.partialSteps.empty() ? 1 : int64_t(run.partialSteps.size());
-    Status cs = cpu.step();
+    Status cs = run.microBatches > 0 ? Status::success() : cpu.step();
     if (!cs.ok()) {
       out.error = "CPU step: " + cs.message();
       return out;

@@ -51,6 +51,11 @@ struct Run {
   /// When not empty, the GPU side makes each step as these step_tensors
   /// calls (together every tensor once) while the CPU calls step().
   std::vector<std::vector<int64_t>> partialSteps;
+  /// Gradient accumulation (a bundle with an accumulator): each step is
+  /// this many micro-batches, each with fresh gradients; all but the last
+  /// go through the accumulate kernel, the last through step_fused on odd
+  /// steps and accumulate + step_accumulated on even ones. 0: plain steps.
+  int microBatches = 0;
 };
 
 struct Outcome {
@@ -61,7 +66,7 @@ struct Outcome {
   int64_t nan_payload_only = 0; ///< of which both sides are NaN
   std::string first;          ///< the first mismatch, in words
   std::string nan_buffers;    ///< buffers with NaN-payload-only mismatches
-  int64_t launches = 0;       ///< GPU launches made
+  int64_t launches = 0;       ///< GPU launches made (step kernels)
   int64_t grid = 0;           ///< blocks of the last full launch
 };
 

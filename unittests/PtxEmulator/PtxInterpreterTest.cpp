@@ -187,6 +187,15 @@ TEST_CASE("PTX interpreter: IEEE arithmetic, rounding modifiers, canonical "
   REQUIRE_MESSAGE(r.ok, r.error);
   CHECK(r.out[0] == (uint64_t(bits(INFINITY)) << 32 |
                      bits(1.0f / floatFromBits(0x7E800001u))));
+  // bf16 arithmetic rounds once: (1 + 2^-4)^2 = 1 + 2^-3 + 2^-8 is a tie
+  // (even: 0x3F90), plus 2^-80 it is past the tie (0x3F91), which a product
+  // rounded to f32 or double first would lose; NaN -> canonical.
+  r = run("\tmov.b32 %r2, 0x3F883F88;\n\tmov.b32 %r3, 0x00001780;\n"
+          "\tfma.rn.bf16x2 %r4, %r2, %r2, %r3;\n"
+          "\tmov.b32 %r5, 0x7FC13F80;\n\tadd.rn.bf16x2 %r6, %r5, %r5;\n"
+          "\tmov.b64 %rd3, {%r4, %r6};\n\tst.global.b64 [%rd1], %rd3;\n");
+  REQUIRE_MESSAGE(r.ok, r.error);
+  CHECK(r.out[0] == 0x7FFF40003F903F91ull);
 }
 
 TEST_CASE("PTX interpreter: conversions round and saturate as the PTX ISA "
@@ -339,6 +348,18 @@ TEST_CASE("PTX interpreter: vector accesses are aligned and bounded") {
   REQUIRE_MESSAGE(r.ok, r.error);
   CHECK(uint32_t(r.out[19]) == 7u);
   CHECK(r.out[20] == 0xAAAAAAAAAAAAAAAAull); // thread 20 does not exist
+  // Immediates in a vector source (the accumulated steps zero the
+  // accumulator with `st.global.v2.b32 [a], {0, 0}`), in a packing mov too;
+  // never in a destination.
+  r = run("\tmov.b32 %r2, 9;\n\tst.global.v2.b32 [%rd1], {%r2, 0x10};\n");
+  REQUIRE_MESSAGE(r.ok, r.error);
+  CHECK(r.out[3] == 0x0000001000000009ull);
+  r = run("\tmov.b64 %rd3, {0, 3};\n\tst.global.b64 [%rd1], %rd3;\n");
+  REQUIRE_MESSAGE(r.ok, r.error);
+  CHECK(r.out[0] == 0x0000000300000000ull);
+  r = run("\tld.global.v2.b32 {%r2, 0}, [%rd2];\n");
+  CHECK_FALSE(r.ok);
+  CHECK(contains(r.error, "an immediate in a vector destination"));
 }
 
 TEST_CASE("PTX interpreter: what it does not implement fails with the name "

@@ -367,8 +367,8 @@ FLASHOPT_API flashopt_status flashopt_step_param(flashopt_optimizer opt,
  *  deterministic mode) in the gradient buckets, then steps once with
  *  1/(N * W) or 1/normalizer. While micro-batches are pending
  *  flashopt_step_param and flashopt_reduce_bucket are refused
- *  (FLASHOPT_ERROR_STATE). CPU contexts so far (FLASHOPT_ERROR_UNSUPPORTED
- *  otherwise). */
+ *  (FLASHOPT_ERROR_STATE). CPU and CUDA contexts (the bundle's generated
+ *  kernels for each). */
 FLASHOPT_API flashopt_status flashopt_accumulate(flashopt_optimizer opt);
 /** flashopt_accumulate for parameter `index` only; every parameter must
  *  have the same number of micro-batches at the next flashopt_step. */

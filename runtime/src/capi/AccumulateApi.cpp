@@ -38,15 +38,6 @@ void checkCanAccumulate(OptObj &o) {
                      "\"accumulator\" (add \"accumulator\": \"f32\", "
                      "\"bf16+i8\" or \"bf16\" and regenerate the bundle; "
                      "docs/SPEC.md)");
-  if (o.isGpu())
-    fail(FLASHOPT_ERROR_UNSUPPORTED,
-         "gradient accumulation is not supported on CUDA contexts yet (the "
-         "bundle has the GPU kernels; the CUDA runtime does not load them "
-         "yet)");
-  if (o.dp && o.isGpu())
-    fail(FLASHOPT_ERROR_UNSUPPORTED,
-         "gradient accumulation together with data parallelism is supported "
-         "on CPU contexts only (for now)");
   if (o.dp && o.dp->any_reduced())
     fail(FLASHOPT_ERROR_STATE,
          "a bucket's gradients were already reduced for this step "

@@ -89,10 +89,12 @@ public:
   int64_t tableUploads() const { return tableUploads_; }
   int64_t hyperUploads() const { return hyperUploads_; }
 
-  /// The grid of a launch over `groups` groups.
-  int64_t grid(int64_t groups) const {
+  /// The grid of a launch of the `kind` kernel over `groups` groups.
+  int64_t grid(int64_t groups,
+               abi::KernelKind kind = abi::KernelKind::Step) const {
     const GpuKernelChoice &c = bundle_->choice();
-    return gpu_grid_size(groups, m_->group_size, c.elements_per_thread,
+    return gpu_grid_size(groups, m_->group_size,
+                         bundle_->elements_per_thread(kind),
                          c.threads_per_block, ctx_->info().sm_count,
                          blocksPerSm_);
   }
@@ -188,14 +190,13 @@ public:
 
   Status launch(const LaunchRequest &r, const std::vector<int64_t> &table,
                 uint64_t tableGeneration, const HyperTable &hypers) override {
-    if (r.kernel != abi::KernelKind::Step)
-      return Status::error(std::string("gradient accumulation (the ") +
+    CUfunction fn = bundle_->function(r.kernel);
+    if (!fn)
+      return Status::error(m_->name + " has no " +
                            abi::kernel_kind_name(r.kernel) +
-                           " kernel) is not supported on CUDA contexts yet: "
-                           "the bundle has the GPU kernels, the CUDA runtime "
-                           "does not load them yet");
+                           " kernel loaded (no accumulator in its spec)");
     const int64_t blk = block();
-    const int64_t grd = grid(r.group_end - r.group_begin);
+    const int64_t grd = grid(r.group_end - r.group_begin, r.kernel);
     // The kernels take group_begin/end and the grid-stride index in 32 bits.
     if (r.group_end + grd * blk > std::numeric_limits<int32_t>::max())
       return Status::error("step: " + std::to_string(r.group_end) +
@@ -238,11 +239,12 @@ public:
                        r.step,           r.group_begin, r.group_end};
     void *params[6] = {&args[0], &args[1], &args[2],
                        &args[3], &args[4], &args[5]};
-    return d_->check(d_->cuLaunchKernel(bundle_->function(), unsigned(grd), 1,
-                                        1, unsigned(blk), 1, 1, 0, stream_,
-                                        params, nullptr),
-                     "step: cuLaunchKernel(" + bundle_->choice().symbol +
-                         ", grid " + std::to_string(grd) + ")");
+    return d_->check(
+        d_->cuLaunchKernel(fn, unsigned(grd), 1, 1, unsigned(blk), 1, 1, 0,
+                           stream_, params, nullptr),
+        std::string(abi::kernel_kind_name(r.kernel)) + ": cuLaunchKernel(" +
+            bundle_->choice().symbol + abi::kernel_kind_suffix(r.kernel) +
+            ", grid " + std::to_string(grd) + ")");
   }
 
   Expected<bool> all_finite(const std::vector<ScanRange> &, DType) override {

@@ -64,6 +64,8 @@ select_gpu_kernel(const Manifest &m, int cc_major, int cc_minor,
   int bestChip = -1;
   for (size_t i = 0; i < m.kernels.size(); ++i) {
     const KernelEntry &k = m.kernels[i];
+    if (k.kind != abi::KernelKind::Step)
+      continue; // the other kinds come with the step's target
     int chip = 0;
     bool specific = false;
     if (!parse_sm_target(k.target, &chip, &specific))
@@ -197,9 +199,10 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
     if (!scope.ok())
       return scope.status();
 
-    // Loads one image; a PTX image gets a NUL terminator and JIT logs.
-    auto loadImage = [&](const std::string &file, bool ptx,
-                         std::string *log) -> Status {
+    // Loads one image into *mod; a PTX image gets a NUL terminator and JIT
+    // logs.
+    auto loadImage = [&](const std::string &file, bool ptx, std::string *log,
+                         CUmodule *out) -> Status {
       std::string path = joinPath(dir, file);
       Expected<std::string> bytes = readFile(path);
       if (!bytes)
@@ -241,39 +244,76 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
                  ", is older than the PTX ISA this kernel was written in)";
         return Status::error(msg);
       }
-      b->module_ = mod;
+      *out = mod;
       *log = trimLog(info.data());
       return Status::success();
     };
 
+    // Loads kernel `k` (the cubin when the choice is a cubin and `k` has
+    // one, its PTX if that does not load) as kind `kind`.
     const GpuKernelChoice &c = b->choice_;
-    std::string log, file = c.image;
-    Status s = loadImage(c.image, !c.use_cubin, &log);
-    if (s) {
-      b->loaded_ = c.target + (c.use_cubin ? " cubin" : " PTX (JIT)");
-    } else if (c.use_cubin && !c.ptx_fallback.empty()) {
-      Status p = loadImage(c.ptx_fallback, true, &log);
-      file = c.ptx_fallback;
-      if (!p)
-        return Status::error("cannot load the " + c.target + " kernel: " +
-                             s.message() + "\nand its PTX: " + p.message());
-      b->loaded_ =
-          c.target + " PTX (JIT; the cubin did not load: " + s.message() + ")";
-    } else {
-      return s;
-    }
-    if (!log.empty())
-      b->loaded_ += "\n" + log;
+    auto loadKernel = [&](const KernelEntry &k, abi::KernelKind kind,
+                          std::string *what) -> Status {
+      Loaded &L = b->kinds_[size_t(kind)];
+      const bool cubin = c.use_cubin && !k.cubin.empty() &&
+                         fileExists(joinPath(dir, k.cubin));
+      std::string log, file = cubin ? k.cubin : k.file;
+      Status s = loadImage(file, !cubin, &log, &L.module);
+      if (s) {
+        *what = c.target + (cubin ? " cubin" : " PTX (JIT)");
+      } else if (cubin && !k.file.empty()) {
+        Status p = loadImage(k.file, true, &log, &L.module);
+        if (!p)
+          return Status::error("cannot load the " + c.target + " " +
+                               abi::kernel_kind_name(kind) + " kernel: " +
+                               s.message() + "\nand its PTX: " + p.message());
+        *what = c.target + " PTX (JIT; the cubin did not load: " +
+                s.message() + ")";
+        file = k.file;
+      } else {
+        return s;
+      }
+      if (!log.empty())
+        *what += "\n" + log;
+      s = d.check(d.cuModuleGetFunction(&L.fn, L.module, k.symbol.c_str()),
+                  joinPath(dir, file) + ": cuModuleGetFunction(\"" +
+                      k.symbol + "\")");
+      if (!s)
+        return s;
+      int regs = -1;
+      if (d.cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, L.fn) ==
+          CUDA_SUCCESS)
+        L.registers = regs;
+      L.elements_per_thread = k.elements_per_thread;
+      return Status::success();
+    };
 
-    s = d.check(d.cuModuleGetFunction(&b->fn_, b->module_, c.symbol.c_str()),
-                joinPath(dir, file) + ": cuModuleGetFunction(\"" + c.symbol +
-                    "\")");
-    if (!s)
+    const Manifest &man = b->manifest_;
+    if (Status s = loadKernel(man.kernels[c.kernel_index],
+                              abi::KernelKind::Step, &b->loaded_);
+        !s)
       return s;
-    int regs = -1;
-    if (d.cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, b->fn_) ==
-        CUDA_SUCCESS)
-      b->registers_ = regs;
+    // With an accumulator: the other kinds of the same target.
+    if (man.accumulator) {
+      for (abi::KernelKind kind : abi::kKernelKinds) {
+        if (kind == abi::KernelKind::Step)
+          continue;
+        const KernelEntry *e = man.find_kernel(kind, c.target);
+        if (!e)
+          return Status::error(dir + "/manifest.json: field 'kernels': no " +
+                               std::string(abi::kernel_kind_name(kind)) +
+                               " kernel for " + c.target +
+                               " (a bundle with an accumulator has one per "
+                               "target)");
+        if (e->symbol.empty())
+          return Status::error(dir + "/manifest.json: the " + c.target + " " +
+                               abi::kernel_kind_name(kind) +
+                               " kernel has no symbol");
+        std::string what;
+        if (Status s = loadKernel(*e, kind, &what); !s)
+          return s;
+      }
+    }
     return Expected<std::shared_ptr<CudaBundle>>(std::move(b));
   } catch (const std::exception &e) {
     return Status::error(dir + ": " + e.what());
@@ -281,11 +321,14 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
 }
 
 CudaBundle::~CudaBundle() {
-  if (module_ && ctx_) {
-    CudaContext::Scope scope(*ctx_);
-    if (scope.ok())
-      ctx_->driver().cuModuleUnload(module_);
-  }
+  if (!ctx_)
+    return;
+  CudaContext::Scope scope(*ctx_);
+  if (!scope.ok())
+    return;
+  for (const Loaded &L : kinds_)
+    if (L.module)
+      ctx_->driver().cuModuleUnload(L.module);
 }
 
 } // namespace flashopt::host

@@ -15,10 +15,12 @@
 #ifndef FLASHOPT_HOST_CUDABUNDLE_H
 #define FLASHOPT_HOST_CUDABUNDLE_H
 
+#include "flashopt/abi/KernelAbi.h"
 #include "flashopt/host/CudaContext.h"
 
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -52,7 +54,8 @@ struct GpuKernelChoice {
 /// sm_ target.
 bool parse_sm_target(std::string_view target, int *chip, bool *arch_specific);
 
-/// Picks the kernel for a device of compute capability cc_major.cc_minor:
+/// Picks the step kernel for a device of compute capability
+/// cc_major.cc_minor (the other kinds come from the same target):
 /// the exact chip's cubin when the manifest lists one (and `file_exists`,
 /// when given, says it is there); else the PTX of the highest chip at or
 /// below the device (architecture-specific targets only on their own chip),
@@ -79,8 +82,10 @@ int64_t gpu_grid_size(int64_t total_groups, int64_t group_size,
 // CudaBundle
 //===----------------------------------------------------------------------===//
 
-/// A bundle's GPU kernel loaded as a module in one context. Shared by the
-/// optimizers created from it; unloaded with the last one.
+/// A bundle's GPU kernels loaded as modules in one context: the step and,
+/// with an accumulator, the accumulate / step_accumulated / step_fused
+/// kernels of the same target (docs/KERNEL-ABI.md "Gradient accumulation").
+/// Shared by the optimizers created from it; unloaded with the last one.
 class CudaBundle {
 public:
   /// Loads `dir` (holding manifest.json) for the context's device.
@@ -96,9 +101,22 @@ public:
   const GpuKernelChoice &choice() const { return choice_; }
   /// What was loaded: "sm_90 cubin" / "sm_80 PTX (JIT)", and the JIT log.
   const std::string &loaded() const { return loaded_; }
-  cu::CUfunction function() const { return fn_; }
-  /// Registers per thread the loaded function uses (-1 if unknown).
-  int registers() const { return registers_; }
+  /// The step kernel.
+  cu::CUfunction function() const { return kinds_[0].fn; }
+  /// The kernel of `kind` (null when the bundle has none: no accumulator).
+  cu::CUfunction function(abi::KernelKind kind) const {
+    return kinds_[size_t(kind)].fn;
+  }
+  /// Elements per thread the kernel of `kind` was built for (0: unknown).
+  int elements_per_thread(abi::KernelKind kind) const {
+    return kinds_[size_t(kind)].elements_per_thread;
+  }
+  /// Registers per thread the step kernel uses (-1 if unknown).
+  int registers() const { return kinds_[0].registers; }
+  /// Registers per thread the kernel of `kind` uses (-1 if unknown).
+  int registers(abi::KernelKind kind) const {
+    return kinds_[size_t(kind)].registers;
+  }
 
 private:
   CudaBundle() = default;
@@ -107,9 +125,14 @@ private:
   Manifest manifest_;
   GpuKernelChoice choice_;
   std::string loaded_;
-  cu::CUmodule module_ = nullptr;
-  cu::CUfunction fn_ = nullptr;
-  int registers_ = -1;
+  /// One per abi::KernelKind, in kKernelKinds order.
+  struct Loaded {
+    cu::CUmodule module = nullptr;
+    cu::CUfunction fn = nullptr;
+    int registers = -1;
+    int elements_per_thread = 0;
+  };
+  Loaded kinds_[std::size(abi::kKernelKinds)];
 };
 
 } // namespace flashopt::host
