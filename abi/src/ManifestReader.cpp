@@ -191,6 +191,13 @@ Manifest Parser::parse(const json &root) {
     }
   }
   m.grad = dtype(root, "", "grad", {DType::BF16, DType::F16, DType::F32}, nullptr);
+  // The kernels' arithmetic (optional): "exact" or "fast".
+  if (root.contains("arithmetic")) {
+    m.arithmetic = string(root, "", "arithmetic");
+    if (m.arithmetic != "exact" && m.arithmetic != "fast")
+      fail("arithmetic", "expected \"exact\" or \"fast\", got " +
+                             quote(m.arithmetic));
+  }
   // The gradient accumulator (optional): f32, bf16 + i8 or bf16.
   if (root.contains("accumulator")) {
     const json &acc = object(root, "", "accumulator");

@@ -40,6 +40,8 @@ std::string write_manifest(const Manifest &m) {
                         {"correction", m.accumulator->correction
                                            ? dtype_name(*m.accumulator->correction)
                                            : "none"}};
+  if (m.arithmetic != "exact")
+    j["arithmetic"] = m.arithmetic;
   ordered_json hypers = ordered_json::array();
   for (const HyperSpec &h : m.hypers) {
     ordered_json e;

@@ -71,7 +71,8 @@ def torch_optimizer_bytes(model, opt):
     return {"params": pb / n, "correction": 0.0, "grads": pb / n, "states": sb / n}
 
 
-def train(steps=300, lr=1e-3, batch=64, seed=0, progress=True, workdir=None):
+def train(steps=300, lr=1e-3, batch=64, seed=0, progress=True, workdir=None,
+          arithmetic="exact"):
     """Trains both; returns a dict of results (losses per step, final metrics, sizes)."""
     (xtr, ytr), (xte, yte) = load_digits(seed)
     base = make_model(seed)
@@ -81,7 +82,8 @@ def train(steps=300, lr=1e-3, batch=64, seed=0, progress=True, workdir=None):
     }
     dtypes = {"flashopt": torch.bfloat16, "torch": torch.float32}
     opts = {
-        "flashopt": flashopt.FlashAdamW(runs["flashopt"].parameters(), lr=lr, weight_decay=1e-2),
+        "flashopt": flashopt.FlashAdamW(runs["flashopt"].parameters(), lr=lr, weight_decay=1e-2,
+                                        arithmetic=arithmetic),
         "torch": torch.optim.AdamW(runs["torch"].parameters(), lr=lr, weight_decay=1e-2),
     }
     g = torch.Generator().manual_seed(seed + 1)
@@ -215,12 +217,14 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "build" / "demo" / "digits.png"))
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads for torch and libflashopt (0: torch's default)")
+    ap.add_argument("--arithmetic", choices=("exact", "fast"), default="exact",
+                    help="FlashAdamW's arithmetic (docs/NUMERICS.md §7)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
         flashopt.set_cpu_threads(args.threads)
     print(f"flashopt {flashopt.version()} ({flashopt.library_path()}), torch {torch.__version__}")
-    res = train(args.steps, args.lr)
+    res = train(args.steps, args.lr, arithmetic=args.arithmetic)
     print()
     print(table(res))
     out = Path(args.out)

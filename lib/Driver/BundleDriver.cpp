@@ -301,6 +301,8 @@ llvm::Expected<abi::Manifest> driver::describeBundle(const CompileJob &job,
   if (master.hasCorrection())
     m.correction = *storageDType(master.getCorrection());
   m.grad = *storageDType(optimizer.getGrad());
+  if (auto a = optimizer->getAttrOfType<StringAttr>("flashopt.arithmetic"))
+    m.arithmetic = a.getValue().str();
   if (MasterAttr acc = optimizer.getAccumulateAttr()) {
     abi::AccumulatorSpec a;
     a.dtype = *storageDType(acc.getParamType());

@@ -109,6 +109,10 @@ std::optional<DType> parseDType(std::string_view s) noexcept {
   return parseIn(kDTypes, s);
 }
 
+const char *spelling(Arithmetic v) noexcept {
+  return v == Arithmetic::Fast ? "fast" : "exact";
+}
+
 const char *spelling(Accumulator v) noexcept {
   switch (v) {
   case Accumulator::None:

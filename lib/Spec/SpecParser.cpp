@@ -59,7 +59,8 @@ constexpr std::size_t kMaxRuleBytes = 64u << 20;
 const std::vector<std::string> kTopKeys = {"name",   "rule",  "description",
                                            "param",  "grad",  "group_size",
                                            "states", "hyper", "targets",
-                                           "accumulator"};
+                                           "accumulator", "arithmetic"};
+const std::vector<std::string> kArithmetics = {"exact", "fast"};
 const std::vector<std::string> kAccumulators = {"none", "f32", "bf16+i8",
                                                 "bf16"};
 const std::vector<std::string> kParamKeys = {"dtype", "correction"};
@@ -409,6 +410,7 @@ private:
   void checkParam(const json &doc);
   void checkGrad(const json &doc);
   void checkAccumulator(const json &doc);
+  void checkArithmetic(const json &doc);
   void checkGroupSize(const json &doc);
   void checkStates(const json &doc);
   void checkEncoding(const json &enc, const std::string &ptr, StateSpec &state);
@@ -467,6 +469,7 @@ std::optional<Spec> SpecParser::run(std::vector<Diagnostic> &out) {
     checkParam(doc);
     checkGrad(doc);
     checkAccumulator(doc);
+    checkArithmetic(doc);
     checkGroupSize(doc);
     checkStates(doc);
     checkGroupConsistency();
@@ -674,6 +677,19 @@ void SpecParser::checkAccumulator(const json &doc) {
                   : *s == "bf16"    ? Accumulator::BF16
                                     : Accumulator::None;
   spec.accumulator = {a, true, valueLoc("/accumulator")};
+}
+
+void SpecParser::checkArithmetic(const json &doc) {
+  auto it = doc.find("arithmetic");
+  if (it == doc.end()) {
+    setDefault(spec.arithmetic, Arithmetic::Exact, "", "arithmetic");
+    return;
+  }
+  auto s = oneOf(*it, "/arithmetic", kArithmetics);
+  if (!s)
+    return;
+  spec.arithmetic = {*s == "fast" ? Arithmetic::Fast : Arithmetic::Exact, true,
+                     valueLoc("/arithmetic")};
 }
 
 void SpecParser::checkGroupSize(const json &doc) {

@@ -133,6 +133,9 @@ void applySpec(const spec::Spec &s, OptimizerOp op, Reporter &rep) {
     correction = IntegerType::get(ctx, 16);
   op.setParamAttr(MasterAttr::get(ctx, paramType, correction));
   op.setGrad(dtypeType(ctx, s.grad.value));
+  // The portable fast mode (flashopt-fast-arithmetic, docs/NUMERICS.md §7).
+  if (s.arithmetic.value == spec::Arithmetic::Fast)
+    op->setAttr("flashopt.arithmetic", StringAttr::get(ctx, "fast"));
   switch (s.accumulator.value) {
   case spec::Accumulator::None:
     break;

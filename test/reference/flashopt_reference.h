@@ -50,6 +50,8 @@ struct Config {
   DType grad = DType::BF16;
   std::vector<StateEncoding> states;
   int group_size = 32;
+  /// The portable fast mode (docs/NUMERICS.md §7): "arithmetic": "fast".
+  bool fast = false;
 };
 
 //===----------------------------------------------------------------------===//
@@ -182,10 +184,20 @@ inline int32_t ell(uint16_t narrow, DType p) {
 
 inline int32_t correctionMax(DType c) { return c == DType::I8 ? 127 : 32767; }
 
-inline float ecc_decode(uint16_t narrow, int32_t rho, DType p, DType c) {
+//===----------------------------------------------------------------------===//
+// The portable fast mode (docs/NUMERICS.md §7)
+//===----------------------------------------------------------------------===//
+
+/// x / d where d is the same for a whole tensor or group (a per-step scalar,
+/// a constant, a group's absmax): in fast mode, x times the IEEE reciprocal.
+inline float divUniform(float x, float d, bool fast) {
+  return fast ? x * (1.0f / d) : x / d;
+}
+inline float ecc_decode(uint16_t narrow, int32_t rho, DType p, DType c,
+                        bool fast = false) {
   float r = widenBits(p, narrow);
   int32_t l = ell(narrow, p);
-  float cc = float(rho) / float(correctionMax(c));
+  float cc = divUniform(float(rho), float(correctionMax(c)), fast);
   int32_t h = l >> 1;
   float e1 = cc * pow2(h);
   float e = e1 * pow2(l - h);
@@ -246,9 +258,9 @@ inline uint32_t scaleFromF32(DType t, float v) {
 }
 
 inline float dequantize(int32_t code, uint32_t scaleBits,
-                        const QuantEncoding &enc) {
+                        const QuantEncoding &enc, bool fast = false) {
   float n_max = enc.isSigned ? 127.0f : 255.0f;
-  float t = float(code) / n_max;
+  float t = divUniform(float(code), n_max, fast);
   float n = t;
   if (enc.compand == Compand::Softsign)
     n = t / (2.0f - std::fabs(t));
@@ -260,7 +272,7 @@ inline float dequantize(int32_t code, uint32_t scaleBits,
 
 /// Quantizes the first `n` values of a group; returns the scale bits.
 inline uint32_t quantize_group(const float *x, int n, const QuantEncoding &enc,
-                               int32_t *codes) {
+                               int32_t *codes, bool fast = false) {
   float nmax = enc.isSigned ? 127.0f : 255.0f;
   std::vector<float> y(n);
   float a = -INFINITY;
@@ -270,7 +282,7 @@ inline uint32_t quantize_group(const float *x, int n, const QuantEncoding &enc,
   }
   a = maximumf(a, 1e-12f);
   for (int i = 0; i < n; ++i) {
-    float nn = y[i] / a;
+    float nn = divUniform(y[i], a, fast);
     float t = nn;
     if (enc.compand == Compand::Softsign) {
       float two_n = 2.0f * nn;
@@ -375,10 +387,11 @@ struct Rule {
   std::map<std::string, float> h;
   int64_t t = 1;
   float omb1 = 0, omb2 = 0, bc1 = 0, bc2 = 0, dec = 1, omd = 0;
+  bool fast = false;
 
   Rule(const std::string &rule, const std::map<std::string, float> &hypers,
-       int64_t step)
-      : name(rule), h(default_hypers(rule)), t(step) {
+       int64_t step, bool fastArithmetic = false)
+      : name(rule), h(default_hypers(rule)), t(step), fast(fastArithmetic) {
     h["grad_scale"] = 1.0f; // every kernel's last hyper-parameter
     for (auto &kv : hypers)
       if (h.count(kv.first))
@@ -421,8 +434,8 @@ struct Rule {
       s[1] = vb + ggb;
       if (name == "adamw")
         theta = theta * dec;
-      float mh = s[0] / bc1;
-      float vh = s[1] / bc2;
+      float mh = divUniform(s[0], bc1, fast);
+      float vh = divUniform(s[1], bc2, fast);
       float num = H("lr") * mh;
       float sq = std::sqrt(vh);
       float den = sq + H("eps");
@@ -481,7 +494,7 @@ inline void reference_step(const Config &cfg,
                            const std::map<std::string, float> &hypers,
                            int64_t t, int64_t numel,
                            const std::vector<void *> &buffers) {
-  Rule rule(cfg.rule, hypers, t);
+  Rule rule(cfg.rule, hypers, t, cfg.fast);
   size_t bi = 0;
   void *param = buffers[bi++];
   void *corr = cfg.correction != DType::None ? buffers[bi++] : nullptr;
@@ -512,7 +525,7 @@ inline void reference_step(const Config &cfg,
         int32_t rho = cfg.correction == DType::I8
                           ? int32_t(static_cast<int8_t *>(corr)[e])
                           : int32_t(static_cast<int16_t *>(corr)[e]);
-        theta = ecc_decode(nb, rho, cfg.param, cfg.correction);
+        theta = ecc_decode(nb, rho, cfg.param, cfg.correction, cfg.fast);
       } else {
         theta = widen(cfg.param, param, e);
       }
@@ -528,7 +541,7 @@ inline void reference_step(const Config &cfg,
               enc.q.scale == DType::F32
                   ? bitsOf(static_cast<float *>(sb[k].b)[gi])
                   : uint32_t(static_cast<uint16_t *>(sb[k].b)[gi]);
-          s[k] = dequantize(code, bits, enc.q);
+          s[k] = dequantize(code, bits, enc.q, cfg.fast);
         } else {
           s[k] = widen(enc.plain, sb[k].a, e);
         }
@@ -558,7 +571,7 @@ inline void reference_step(const Config &cfg,
       if (enc.quantized) {
         std::vector<int32_t> codes(n);
         uint32_t scale = quantize_group(statesNew[k].data(), n, enc.q,
-                                        codes.data());
+                                        codes.data(), cfg.fast);
         if (enc.q.scale == DType::F32)
           static_cast<float *>(sb[k].b)[gi] = floatOf(canonicalF32(scale));
         else

@@ -94,6 +94,7 @@ ref::Config configOf(const json &m) {
   c.correction = dtypeOf(m["param"]["correction"]);
   c.grad = dtypeOf(m["grad"]);
   c.group_size = m["group_size"].get<int>();
+  c.fast = m.value("arithmetic", std::string("exact")) == "fast";
   for (const json &s : m["states"]) {
     const json &e = s["encoding"];
     ref::StateEncoding se{};

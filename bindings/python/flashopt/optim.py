@@ -53,15 +53,18 @@ class NumericsError(FlashOptError):
 
 
 def spec_name(rule: str, dtype: torch.dtype, master_weight_bits: Optional[int],
-              quantize: bool) -> str:
+              quantize: bool, arithmetic: str = "exact") -> str:
     """The shipped spec (specs/<name>.json) for a parameter dtype and mode.
 
     fp32 parameters are their own master weights: master_weight_bits does not
     apply to them. Unquantized states (quantize=False) are plain fp32.
+    arithmetic="fast" selects the spec of the portable fast mode
+    (docs/NUMERICS.md §7), `<name>_fast`.
     """
     d = _DTYPES[dtype][1]
     master = "" if dtype == torch.float32 else {None: "", 24: "_m24", 32: "_m32"}[master_weight_bits]
-    return f"{rule}_{d}{master}{'' if quantize else '_f32states'}"
+    fast = "_fast" if arithmetic == "fast" else ""
+    return f"{rule}_{d}{master}{'' if quantize else '_f32states'}{fast}"
 
 
 def _is_dtensor(t) -> bool:
@@ -193,11 +196,14 @@ class FlashOptimizer(Optimizer):
     _rule = ""
 
     def __init__(self, params, defaults: Dict[str, Any], *, master_weight_bits: Optional[int] = 24,
-                 quantize: bool = True, check_numerics: bool = False):
+                 quantize: bool = True, check_numerics: bool = False, arithmetic: str = "exact"):
         if master_weight_bits not in (None, 24, 32):
             raise ValueError(f"master_weight_bits must be None, 24 or 32, not {master_weight_bits!r}")
+        if arithmetic not in ("exact", "fast"):
+            raise ValueError(f"arithmetic must be 'exact' or 'fast', not {arithmetic!r}")
         self.master_weight_bits = master_weight_bits
         self.quantize = bool(quantize)
+        self.arithmetic = arithmetic
         self._check_numerics_each_step = bool(check_numerics)
         self._bundles: Dict[tuple, _Bundle] = {}
         self._where: Dict[int, tuple] = {}  # id(param) -> (bundle, index)
@@ -209,7 +215,7 @@ class FlashOptimizer(Optimizer):
     # ---- parameters ----------------------------------------------------------------
     def _mode(self, dtype) -> str:
         return (f"{dtype} parameters, master_weight_bits={self.master_weight_bits}, "
-                f"quantize={self.quantize}")
+                f"quantize={self.quantize}, arithmetic={self.arithmetic!r}")
 
     def _check_param(self, p) -> None:
         if not isinstance(p, torch.Tensor):
@@ -246,7 +252,8 @@ class FlashOptimizer(Optimizer):
         for p in params:
             key = (p.dtype, str(p.device))
             if key not in self._bundles and key not in new_bundles:
-                spec = spec_name(self._rule, p.dtype, self.master_weight_bits, self.quantize)
+                spec = spec_name(self._rule, p.dtype, self.master_weight_bits, self.quantize,
+                                 self.arithmetic)
                 new_bundles[key] = _Bundle(type(self).__name__, spec, p.dtype, p.device,
                                            self._mode(p.dtype))
         # Overlapping memory (two views of one storage) is refused by the library;
@@ -694,7 +701,8 @@ class FlashSGD(FlashOptimizer):
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, *, master_weight_bits=24, quantize=True, check_numerics=False,
-                 maximize=False, foreach=None, differentiable=False, fused=None):
+                 arithmetic="exact", maximize=False, foreach=None, differentiable=False,
+                 fused=None):
         _check_common(lr, weight_decay, dict(maximize=maximize, foreach=foreach,
                                              differentiable=differentiable, fused=fused))
         if momentum < 0.0:
@@ -705,7 +713,8 @@ class FlashSGD(FlashOptimizer):
                         weight_decay=weight_decay, nesterov=nesterov)
         defaults.update(self._extra_defaults())
         super().__init__(params, defaults, master_weight_bits=master_weight_bits,
-                         quantize=quantize, check_numerics=check_numerics)
+                         quantize=quantize, check_numerics=check_numerics,
+                         arithmetic=arithmetic)
 
     def _extra_defaults(self):
         return {}
@@ -744,8 +753,8 @@ class FlashAdam(FlashOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None,
                  amsgrad=False, *, master_weight_bits=24, quantize=True, check_numerics=False,
-                 maximize=False, foreach=None, capturable=False, differentiable=False,
-                 fused=None, **extra):
+                 arithmetic="exact", maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None, **extra):
         if weight_decay is None:
             weight_decay = self._default_wd
         _check_common(lr, weight_decay, dict(maximize=maximize, foreach=foreach,
@@ -757,7 +766,8 @@ class FlashAdam(FlashOptimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         defaults.update(extra)
         super().__init__(params, defaults, master_weight_bits=master_weight_bits,
-                         quantize=quantize, check_numerics=check_numerics)
+                         quantize=quantize, check_numerics=check_numerics,
+                         arithmetic=arithmetic)
 
     def _hypers(self, g):
         b1, b2 = g["betas"]
@@ -791,14 +801,16 @@ class FlashLion(FlashOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0, *,
                  decouple_lr=False, master_weight_bits=24, quantize=True, check_numerics=False,
-                 maximize=False, foreach=None, differentiable=False, fused=None):
+                 arithmetic="exact", maximize=False, foreach=None, differentiable=False,
+                 fused=None):
         _check_common(lr, weight_decay, dict(maximize=maximize, foreach=foreach,
                                              differentiable=differentiable, fused=fused))
         _check_betas(betas)
         defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
                         decouple_lr=bool(decouple_lr))
         super().__init__(params, defaults, master_weight_bits=master_weight_bits,
-                         quantize=quantize, check_numerics=check_numerics)
+                         quantize=quantize, check_numerics=check_numerics,
+                         arithmetic=arithmetic)
 
     def _hypers(self, g):
         b1, b2 = g["betas"]

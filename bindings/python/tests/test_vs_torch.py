@@ -114,3 +114,37 @@ def test_master_weights_beat_plain_bf16():
     run(tref, truth, 20, grad_scale=1.0)
     e = {k: float((v - truth[0].detach()).abs().mean()) for k, v in errs.items()}
     assert e[24] < e[None] and e[32] < e[None], e
+
+
+def test_fast_arithmetic_adamw():
+    """arithmetic="fast" (docs/NUMERICS.md §7) picks the fast bundle, passes
+    numerics.md §8's bf16 thresholds against fp32 AdamW, and stays far closer
+    to the exact mode than either is to fp32 (the updates θ_T − θ_0)."""
+    base = make_params(5)
+    fast = [p.detach().to(torch.bfloat16).requires_grad_() for p in base]
+    exact = [p.detach().to(torch.bfloat16).requires_grad_() for p in base]
+    truth = [p.detach().clone().requires_grad_() for p in base]
+    of = flashopt.FlashAdamW(fast, lr=1e-2, weight_decay=0.1, arithmetic="fast")
+    oe = flashopt.FlashAdamW(exact, lr=1e-2, weight_decay=0.1)
+    assert of.specs() == ["adamw_bf16_m24_fast"] and oe.specs() == ["adamw_bf16_m24"]
+    run(of, fast, 30)
+    run(oe, exact, 30)
+    run(torch.optim.AdamW(truth, lr=1e-2, weight_decay=0.1), truth, 30)
+    differ = 0
+    for p0, pf, pe, pt in zip(base, fast, exact, truth):
+        mf, me = of.export_master(pf), oe.export_master(pe)
+        cos, nmse = cos_nmse(mf, pt)
+        assert cos > 0.975 and nmse < 0.05, (cos, nmse)
+        cos, nmse = cos_nmse(mf - p0, me - p0)
+        assert cos > 0.9999 and nmse < 1e-4, (cos, nmse)
+        differ += int((mf != me).sum())
+    assert differ > 0  # the fast bundle really ran
+
+
+def test_fast_arithmetic_errors():
+    p = [torch.randn(40, dtype=torch.bfloat16, requires_grad=True)]
+    with pytest.raises(ValueError, match="arithmetic must be 'exact' or 'fast'"):
+        flashopt.FlashAdamW(p, arithmetic="approximate")
+    # No shipped fast SGD: the error names the spec it looked for.
+    with pytest.raises(flashopt.MissingBundleError, match="sgd_bf16_m24_fast"):
+        flashopt.FlashSGD(p, arithmetic="fast")

@@ -90,6 +90,13 @@ enum class Accumulator { None, F32, BF16I8, BF16 };
 /// The spelling used in spec files ("none", "f32", "bf16+i8", "bf16").
 const char *spelling(Accumulator v) noexcept;
 
+/// The kernels' arithmetic (docs/SPEC.md "arithmetic", docs/NUMERICS.md §7):
+/// IEEE division and square root (the default), or the portable fast mode.
+enum class Arithmetic { Exact, Fast };
+
+/// The spelling used in spec files ("exact", "fast").
+const char *spelling(Arithmetic v) noexcept;
+
 /// How a state is stored: quantized codes (I8, UI8), plain floats (F32, BF16,
 /// F16), or not at all (None: the state is elided).
 enum class Storage { I8, UI8, F32, BF16, F16, None };
@@ -264,6 +271,8 @@ struct Spec {
   Located<DType> grad;
   /// "accumulator" (None when not given; `true` means F32).
   Located<Accumulator> accumulator;
+  /// "arithmetic" (Exact when not given).
+  Located<Arithmetic> arithmetic;
 
   /// The group size of every quantized state. `given` and `loc` describe
   /// "group_size". When "group_size" is not written, the first "group" a

@@ -26,6 +26,9 @@ using namespace mlir;
 
 void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma) {
   pm.addPass(createFlashOptExpandEncodings());
+  // Fast kernels (docs/NUMERICS.md §7) on every flavour: the FMAs are part of
+  // their arithmetic (a baseline x86-64 kernel calls fmaf).
+  pm.addPass(createFlashOptFastArithmetic());
   if (fma) {
     pm.addPass(createFlashOptExactIntDivision());
     pm.addPass(createFlashOptExactGroupDivision());
@@ -48,6 +51,7 @@ void mlir::flashopt::buildCPULLVMPipeline(OpPassManager &pm) {
 void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
                                       const GPUPipelineOptions &options) {
   pm.addPass(createFlashOptExpandEncodings());
+  pm.addPass(createFlashOptFastArithmetic());
   pm.addPass(createFlashOptExactGroupDivision());
   // No flashopt-exact-int-division here yet: it lets ptxas schedule SGD and
   // Lion more aggressively (48 -> 62-64 registers at 4 elements per lane),

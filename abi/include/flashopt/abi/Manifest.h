@@ -134,6 +134,9 @@ struct Manifest {
   /// The gradient accumulator, when the spec asks for one: its buffers come
   /// after grad, and the bundle has the accumulation kernels.
   std::optional<AccumulatorSpec> accumulator;
+  /// "exact" (IEEE division and square root; the default, not written) or
+  /// "fast" (docs/NUMERICS.md §7).
+  std::string arithmetic = "exact";
   std::vector<HyperSpec> hypers;
   std::vector<StateSpec> states;
   std::vector<BufferSpec> buffers; ///< ABI order

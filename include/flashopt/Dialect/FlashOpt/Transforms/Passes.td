@@ -96,4 +96,34 @@ def FlashOptExactGroupDivision : Pass<"flashopt-exact-group-division", "::mlir::
   let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
 }
 
+def FlashOptFastArithmetic : Pass<"flashopt-fast-arithmetic", "::mlir::ModuleOp"> {
+  let summary = "The portable fast mode: divisions by uniform values as reciprocal multiplies";
+  let description = [{
+    Acts on every `flashopt.kernel` whose discardable attribute
+    `flashopt.arithmetic` is `"fast"` (a spec's `"arithmetic": "fast"`;
+    `"exact"` or no attribute leaves a kernel alone; any other value is an
+    error). In the group body, an f32 division of a per-element value by a
+    value that is uniform across the group (defined in the prologue, a
+    constant, or computed from `flashopt.group_max` / `flashopt.load_group`
+    results only) becomes a multiply by its IEEE reciprocal, computed once
+    where the divisor is defined. The quotient is rounded twice instead of
+    once (at most 1.5 ulp off, docs/NUMERICS.md §7), identically on every
+    back end. Per-element divisions and square roots stay IEEE.
+
+    ```mlir
+    %bc = arith.subf %one, %p : f32            // prologue
+    flashopt.group_body {
+      %mh = arith.divf %m, %bc : f32
+    ```
+    becomes
+    ```mlir
+    %bc = arith.subf %one, %p : f32
+    %r = arith.divf %c1, %bc : f32             // once per tensor
+    flashopt.group_body {
+      %mh = arith.mulf %m, %r : f32
+    ```
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect"];
+}
+
 #endif // FLASHOPT_TRANSFORMS_PASSES_TD
