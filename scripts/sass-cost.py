@@ -134,6 +134,7 @@ def parse_sass(text, symbol):
         op, ops = m.group(3), m.group(4)
         t = TARGET_RE.search(ops)
         insns.append({"op": op, "pred": m.group(2) is not None,
+                      "guard": (m.group(2) or "").strip(),
                       "target": t.group(1) if t else None, "ops": ops})
     if not insns:
         raise ValueError(f"no SASS for function {symbol}")
@@ -165,6 +166,27 @@ def main_path(insns, labels):
 
     def region_has(lo, hi, pred):
         return any(pred(k, insns[k]) for k in range(lo, hi))
+
+    def vector_path_done(pc):
+        """Whether the branch at pc, `@P BRA`, skips the masked alternative of
+        a vector access that ptxas if-converted: wide (64- or 128-bit) global
+        loads or stores guarded by the same @P right before it (since the last
+        label or branch). A thread in the middle of a tensor took them, so it
+        takes the branch."""
+        guard = insns[pc]["guard"]
+        if not guard or guard.startswith("@!"):
+            return False
+        label_at = set(labels.values())
+        k = pc - 1
+        while k >= head and insns[k]["op"][:3] != "BRA":
+            x = insns[k]
+            if (x["guard"] == guard and x["op"][:3] in ("LDG", "STG")
+                    and (".64" in x["op"] or ".128" in x["op"])):
+                return True
+            if k in label_at:
+                break
+            k -= 1
+        return False
 
     def has_loop(lo, hi):
         return region_has(lo, hi, lambda k, x: x["op"].startswith("BRA") and x["target"] in labels
@@ -210,7 +232,8 @@ def main_path(insns, labels):
                 else:
                     pc = t
                 continue
-            if region_has(lo, hi, lambda k, x: is_slow_call(x)) or has_loop(lo, hi):
+            if (region_has(lo, hi, lambda k, x: is_slow_call(x)) or has_loop(lo, hi)
+                    or vector_path_done(pc)):
                 pc = t
                 continue
             pc += 1

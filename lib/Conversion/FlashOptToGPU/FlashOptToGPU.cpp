@@ -1,4 +1,5 @@
-//===- FlashOptToGPU.cpp - flashopt-to-gpu ---------------------------------===//
+//===- FlashOptToGPU.cpp - flashopt-to-gpu
+//---------------------------------===//
 //
 // Part of flashopt.
 //
@@ -13,7 +14,11 @@
 /// range with a warp-uniform grid-stride loop; every lane of a warp runs
 /// every iteration (inactive lanes predicated), so all 32 lanes reach every
 /// shuffle. One launch covers every tensor of the table (multi-tensor):
-/// each group finds its tensor by a binary search of the table.
+/// a lane finds its group's table record by a binary search, and computes
+/// that record's prologue (hyper-parameters, per-step scalars), only when
+/// its group leaves the record it looked up last; the loop carries the
+/// record and the prologue values, so a lane in a large tensor does both
+/// once per launch, not once per group.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -26,6 +31,10 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+#include "mlir/IR/Matchers.h"
+
+#include "llvm/ADT/SetVector.h"
 
 namespace mlir::flashopt {
 #define GEN_PASS_DEF_FLASHOPTTOGPU
@@ -79,6 +88,21 @@ int64_t defaultBytesPerThread(KernelOp kernel) {
   return bytes;
 }
 
+/// Whether the grid-stride loop carries the prologue values from one
+/// iteration to the next rather than recomputing them per group. Worth its
+/// registers only where the prologue is long: β^t (flashopt.powi, a loop in
+/// double-double) costs ~10 SASS per element at 4 elements per lane when
+/// recomputed, and the Adam family has registers to spare under the 64 cap
+/// (56 -> 63 on sm_90, the same 4 blocks of 256 per SM); the short prologues
+/// of SGD and Lion cost fewer instructions than carrying them costs
+/// registers (48 -> 56: 5 -> 4 blocks per SM), so they are recomputed.
+bool carryPrologue(KernelOp kernel) {
+  for (Operation &op : kernel.getBody().front())
+    if (isa<PowIOp>(op))
+      return true;
+  return false;
+}
+
 LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
                           int64_t bytesPerThread) {
   Location loc = kernel.getLoc();
@@ -98,16 +122,15 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
   module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
                   UnitAttr::get(kernel.getContext()));
   OpBuilder b(kernel);
-  auto gpuModule = gpu::GPUModuleOp::create(
-      b, loc, (kernel.getSymName() + "_gpu").str());
+  auto gpuModule =
+      gpu::GPUModuleOp::create(b, loc, (kernel.getSymName() + "_gpu").str());
   OpBuilder mb = OpBuilder::atBlockBegin(gpuModule.getBody());
   Type i64 = b.getI64Type();
   Type idx = b.getIndexType();
   auto fnType = b.getFunctionType({i64, i64, i64, i64, i64, i64}, {});
   auto fn = gpu::GPUFuncOp::create(mb, loc, kernel.getSymName(), fnType);
   fn->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
-  fn.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr(
-      {int32_t(blockSize), 1, 1}));
+  fn.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(blockSize), 1, 1}));
   for (NamedAttribute attr : kernel->getDiscardableAttrs())
     fn->setAttr(attr.getName(), attr.getValue());
 
@@ -131,11 +154,12 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
       fb, loc, arith::MulIOp::create(fb, loc, bid, cIdx(fb, blockSize)), tid);
   Value lane = arith::RemUIOp::create(fb, loc, tid, cIdx(fb, kWarpSize));
   Value warp = arith::DivUIOp::create(fb, loc, gtid, cIdx(fb, kWarpSize));
-  Value segment = arith::DivUIOp::create(fb, loc, lane, cIdx(fb, lanesPerGroup));
+  Value segment =
+      arith::DivUIOp::create(fb, loc, lane, cIdx(fb, lanesPerGroup));
   Value laneInGroup =
       arith::RemUIOp::create(fb, loc, lane, cIdx(fb, lanesPerGroup));
-  Value warpsPerGrid = arith::MulIOp::create(
-      fb, loc, gdim, cIdx(fb, blockSize / kWarpSize));
+  Value warpsPerGrid =
+      arith::MulIOp::create(fb, loc, gdim, cIdx(fb, blockSize / kWarpSize));
   Value stride =
       arith::MulIOp::create(fb, loc, warpsPerGrid, cIdx(fb, groupsPerWarp));
   Value beginIdx = arith::IndexCastOp::create(fb, loc, idx, groupBegin);
@@ -147,8 +171,50 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
   Value isLeader = arith::CmpIOp::create(fb, loc, arith::CmpIPredicate::eq,
                                          laneInGroup, cIdx(fb, 0));
 
-  // Warp-uniform grid-stride loop over the first group of each warp.
-  auto loop = scf::ForOp::create(fb, loc, start, endIdx, stride);
+  // The prologue values the group body uses (hyper-parameters, per-step
+  // scalars), when they are carried: computed once per table record and
+  // lane, not once per group.
+  bool carry = carryPrologue(kernel);
+  SmallVector<Value> prologueValues;
+  if (carry) {
+    GroupBodyOp body = getGroupBody(kernel);
+    llvm::SetVector<Value> used;
+    body.walk([&](Operation *op) {
+      for (Value v : op->getOperands())
+        if (!body->isAncestor(v.getParentRegion()->getParentOp()) &&
+            !matchPattern(v, m_Constant()))
+          used.insert(v);
+    });
+    prologueValues.assign(used.begin(), used.end());
+  }
+
+  // The f32 hyper table of a record's parameter group.
+  auto hyperBaseOf = [&](OpBuilder &ob, Value rec) -> Value {
+    Value slot =
+        loadI64(ob, loc, table,
+                arith::AddIOp::create(
+                    ob, loc, rec, cIdx(ob, ::flashopt::abi::kRecordHyperSlot)));
+    Value slotOffset =
+        arith::MulIOp::create(ob, loc, slot, cI64(ob, numHypers * 4));
+    return arith::AddIOp::create(ob, loc, hypers, slotOffset);
+  };
+  // Warp-uniform grid-stride loop over the first group of each warp. It
+  // carries the last record a lane looked up — its group range [lo, hi), its
+  // word offset and element count — and (carryPrologue) that record's prologue
+  // values: a lane searches the table and recomputes the prologue only when its
+  // group leaves that range (once per tensor and lane in a large tensor; the
+  // branch diverges, and holds no cross-lane operation).
+  // Index-typed (32-bit on the GPU, docs/ARCHITECTURE.md "Index width"):
+  // the carried record costs four registers.
+  Value zero = cIdx(fb, 0);
+  SmallVector<Value> init;
+  if (carry) {
+    init = {zero, zero, zero, zero};
+    for (Value v : prologueValues)
+      init.push_back(arith::ConstantOp::create(fb, loc, v.getType(),
+                                               fb.getZeroAttr(v.getType())));
+  }
+  auto loop = scf::ForOp::create(fb, loc, start, endIdx, stride, init);
   OpBuilder lb = OpBuilder::atBlockBegin(loop.getBody());
   Value g = arith::AddIOp::create(lb, loc, loop.getInductionVar(), segment);
   Value active =
@@ -156,6 +222,30 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
   Value lastGroup = arith::SubIOp::create(lb, loc, endIdx, cIdx(lb, 1));
   Value gc = arith::SelectOp::create(lb, loc, active, g, lastGroup);
   Value gc64 = arith::IndexCastOp::create(lb, loc, i64, gc);
+  // Without carried values the lookup runs every iteration (the condition
+  // is a constant and the canonicalizer removes the branch).
+  SmallVector<Value> carried(loop.getRegionIterArgs().begin(),
+                             loop.getRegionIterArgs().end());
+  Value miss;
+  if (carry) {
+    Value below = arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::slt, gc,
+                                        carried[0]);
+    Value beyond = arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::sge, gc,
+                                         carried[1]);
+    miss = arith::OrIOp::create(lb, loc, below, beyond);
+  } else {
+    miss = arith::ConstantOp::create(lb, loc, lb.getBoolAttr(true));
+    carried.assign(4, cIdx(lb, 0));
+  }
+  SmallVector<Type> carriedTypes =
+      llvm::to_vector(ValueRange(carried).getTypes());
+  auto lookup = scf::IfOp::create(lb, loc, carriedTypes, miss,
+                                  /*addThenBlock=*/true, /*addElseBlock=*/true);
+  {
+    OpBuilder eb = OpBuilder::atBlockBegin(lookup.elseBlock());
+    scf::YieldOp::create(eb, loc, carried);
+  }
+  OpBuilder tb = OpBuilder::atBlockBegin(lookup.thenBlock());
 
   // Binary search: the last tensor whose first group is <= gc.
   auto firstGroupOf = [&](OpBuilder &ob, Value t) {
@@ -164,9 +254,9 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
         cIdx(ob, 1));
     return loadI64(ob, loc, table, w);
   };
-  Value hi0 = arith::SubIOp::create(lb, loc, ntIdx, cIdx(lb, 1));
+  Value hi0 = arith::SubIOp::create(tb, loc, ntIdx, cIdx(tb, 1));
   auto search = scf::WhileOp::create(
-      lb, loc, TypeRange{idx, idx}, ValueRange{cIdx(lb, 0), hi0},
+      tb, loc, TypeRange{idx, idx}, ValueRange{cIdx(tb, 0), hi0},
       [&](OpBuilder &ob, Location l, ValueRange args) {
         Value more = arith::CmpIOp::create(ob, l, arith::CmpIPredicate::ult,
                                            args[0], args[1]);
@@ -184,19 +274,45 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
             ob, l, le, args[1], arith::SubIOp::create(ob, l, mid, cIdx(ob, 1)));
         scf::YieldOp::create(ob, l, ValueRange{lo, hi});
       });
-  Value t = search.getResult(0);
-  Value rec = arith::MulIOp::create(lb, loc, t, cIdx(lb, recordWords));
-  auto word = [&](int64_t w) {
-    return loadI64(lb, loc, table,
-                   arith::AddIOp::create(lb, loc, rec, cIdx(lb, w)));
-  };
-  Value numel = word(::flashopt::abi::kRecordNumel);
-  Value first = word(::flashopt::abi::kRecordFirstGroup);
-  Value slot = word(::flashopt::abi::kRecordHyperSlot);
-  Value slotOffset = arith::MulIOp::create(lb, loc, slot, cI64(lb, numHypers * 4));
-  Value hyperBase = arith::AddIOp::create(lb, loc, hypers, slotOffset);
+  {
+    Value t = search.getResult(0);
+    Value rec = arith::MulIOp::create(tb, loc, t, cIdx(tb, recordWords));
+    auto word = [&](int64_t w) {
+      return loadI64(tb, loc, table,
+                     arith::AddIOp::create(tb, loc, rec, cIdx(tb, w)));
+    };
+    Value numel = word(::flashopt::abi::kRecordNumel);
+    Value first = word(::flashopt::abi::kRecordFirstGroup);
+    IRMapping mapping;
+    if (!prologueValues.empty())
+      emitPrologue(tb, kernel, hyperBaseOf(tb, rec), step, mapping);
+    Value groups = arith::DivUIOp::create(
+        tb, loc, arith::AddIOp::create(tb, loc, numel, cI64(tb, groupSize - 1)),
+        cI64(tb, groupSize));
+    Value end = arith::AddIOp::create(tb, loc, first, groups);
+    SmallVector<Value> results = {
+        arith::IndexCastOp::create(tb, loc, idx, first),
+        arith::IndexCastOp::create(tb, loc, idx, end), rec,
+        arith::IndexCastOp::create(tb, loc, idx, numel)};
+    for (Value v : prologueValues)
+      results.push_back(mapping.lookupOrDefault(v));
+    scf::YieldOp::create(tb, loc, results);
+  }
+  Value first = lookup.getResult(0);
+  Value rec = lookup.getResult(2);
+  Value numel = lookup.getResult(3);
   IRMapping mapping;
-  emitPrologue(lb, kernel, hyperBase, step, mapping);
+  for (auto [i, v] : llvm::enumerate(prologueValues))
+    mapping.map(v, lookup.getResult(4 + i));
+  if (!carry)
+    emitPrologue(lb, kernel, hyperBaseOf(lb, rec), step, mapping);
+  // Prologue constants the body uses: rematerialized, not carried.
+  getGroupBody(kernel).walk([&](Operation *op) {
+    for (Value v : op->getOperands())
+      if (!mapping.contains(v) && matchPattern(v, m_Constant()) &&
+          !getGroupBody(kernel)->isAncestor(v.getDefiningOp()))
+        lb.clone(*v.getDefiningOp(), mapping);
+  });
 
   GroupBodyEnv env;
   env.width = width;
@@ -206,21 +322,21 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
   env.isGroupLeader = isLeader;
   env.baseAddress = [=](OpBuilder &ob, Location l, int64_t buffer) -> Value {
     Value w = arith::AddIOp::create(
-        ob, l, rec, arith::ConstantIndexOp::create(ob, l, kTableHeaderWords + buffer));
+        ob, l, rec,
+        arith::ConstantIndexOp::create(ob, l, kTableHeaderWords + buffer));
     return loadI64(ob, l, table, w);
   };
-  env.numElements = arith::IndexCastOp::create(lb, loc, idx, numel);
-  Value localGroup64 = arith::SubIOp::create(lb, loc, gc64, first);
-  env.groupIndex = arith::IndexCastOp::create(lb, loc, idx, localGroup64);
+  env.numElements = numel;
+  env.groupIndex = arith::SubIOp::create(lb, loc, gc, first);
   env.elementIndex = arith::AddIOp::create(
-      lb, loc, arith::MulIOp::create(lb, loc, env.groupIndex, cIdx(lb, groupSize)),
+      lb, loc,
+      arith::MulIOp::create(lb, loc, env.groupIndex, cIdx(lb, groupSize)),
       arith::MulIOp::create(lb, loc, laneInGroup, cIdx(lb, width)));
   env.combineAcrossWorkers = [lanesPerGroup](OpBuilder &ob, Location l,
                                              Value v) {
     for (int64_t offset = lanesPerGroup / 2; offset >= 1; offset /= 2) {
-      auto shfl = gpu::ShuffleOp::create(ob, l, v, int32_t(offset),
-                                         int32_t(kWarpSize),
-                                         gpu::ShuffleMode::XOR);
+      auto shfl = gpu::ShuffleOp::create(
+          ob, l, v, int32_t(offset), int32_t(kWarpSize), gpu::ShuffleMode::XOR);
       Value other = shfl.getShuffleResult();
       v = v.getType().isInteger(32)
               ? arith::MaxUIOp::create(ob, l, v, other).getResult()
@@ -230,6 +346,8 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
   };
   if (failed(emitGroupBody(lb, kernel, env, mapping)))
     return failure();
+  if (carry)
+    scf::YieldOp::create(lb, loc, lookup.getResults());
 
   OpBuilder rb = OpBuilder::atBlockEnd(&entry);
   gpu::ReturnOp::create(rb, loc);
