@@ -477,7 +477,7 @@ driver::buildBundle(const CompileJob &job,
         return kindModule.takeError();
       k.elements_per_thread = int(gpuElementsPerThread(
           *(*kindModule)->getOps<KernelOp>().begin(),
-          options.gpuBytesPerThread));
+          options.gpuBytesPerThread, gpuHeavyBudget(chip)));
     }
     if (ptxas) {
       auto assembled = target::runPtxas(*ptxas, *ptx, chip);

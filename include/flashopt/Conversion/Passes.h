@@ -75,8 +75,14 @@ void buildGPUPipeline(OpPassManager &pm, const GPUPipelineOptions &options);
 class KernelOp;
 
 /// Elements each GPU thread handles for `kernel` (what flashopt-to-gpu
-/// chooses with the given bytes-per-thread option; 0 = automatic).
-int64_t gpuElementsPerThread(KernelOp kernel, int64_t bytesPerThread = 0);
+/// chooses with the given bytes-per-thread and heavy-budget options;
+/// bytes-per-thread 0 = automatic).
+int64_t gpuElementsPerThread(KernelOp kernel, int64_t bytesPerThread = 0,
+                             int64_t heavyBudget = 24);
+
+/// flashopt-to-gpu's heavy-budget for `chip` (elements per thread times IEEE
+/// divisions and square roots per element that fit its 64 registers).
+int64_t gpuHeavyBudget(llvm::StringRef chip);
 
 /// Registers the named pipelines (flashopt-cpu-pipeline, ...).
 void registerFlashOptPipelines();

@@ -95,6 +95,10 @@ def FlashOptToGPU : Pass<"flashopt-to-gpu", "::mlir::ModuleOp"> {
            "Bytes of the widest per-element stream each thread moves per "
            "access (16 = 128-bit accesses; 0 = 16 unless the per-element "
            "arithmetic is heavy, then 8)">,
+    Option<"heavyBudget", "heavy-budget", "int64_t", /*default=*/"24",
+           "With bytes-per-thread 0: the largest elements per thread times "
+           "IEEE divisions and square roots per element kept at 16 bytes "
+           "per access (flashopt-gpu-pipeline sets it per chip)">,
   ];
   let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",
                            "::mlir::vector::VectorDialect", "::mlir::arith::ArithDialect"];

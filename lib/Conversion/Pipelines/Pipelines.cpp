@@ -58,6 +58,7 @@ void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
   // which may cost occupancy; enable it once a GPU run measures it.
   FlashOptToGPUOptions toGPU;
   toGPU.bytesPerThread = options.bytesPerThread;
+  toGPU.heavyBudget = gpuHeavyBudget(options.chip);
   pm.addPass(createFlashOptToGPU(toGPU));
   GpuNVVMAttachTargetOptions attach;
   attach.chip = options.chip;
