@@ -52,7 +52,9 @@ public:
 
   bool isUniform(Value v) {
     Operation *def = v.getDefiningOp();
-    if (!def || !body->isProperAncestor(def))
+    if (!def) // a block argument: of a region inside the body, per element
+      return !body->isAncestor(v.getParentRegion()->getParentOp());
+    if (!body->isProperAncestor(def))
       return true;
     auto it = memo.find(v);
     if (it != memo.end())
@@ -75,7 +77,8 @@ private:
 };
 
 /// Where the reciprocal of uniform `d` is computed: right after d, or at the
-/// start of the body for a block argument (none exist today).
+/// start of its block for a block argument (of a region outside the body;
+/// kernels have none today).
 OpBuilder builderAfter(Value d) {
   if (Operation *def = d.getDefiningOp()) {
     OpBuilder b(def->getContext());

@@ -85,6 +85,30 @@ flashopt.kernel @exact group_size(32) buffers([#flashopt.buffer<"x", f32, elemen
 
 // -----
 
+// A block argument of a region inside the body counts as per element
+// (conservatively): a division by it stays IEEE.
+// CHECK-LABEL: flashopt.kernel @region
+// CHECK: scf.for
+// CHECK: arith.divf %{{.*}}, %{{.*}} : f32
+// CHECK-NOT: arith.mulf
+flashopt.kernel @region group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+  flashopt.group_body {
+    %x = flashopt.load_element 0 : f32
+    %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
+    %c4 = arith.constant 4 : index
+    %r = scf.for %i = %c0 to %c4 step %c1 iter_args(%a = %x) -> (f32) {
+      %n = arith.index_cast %i : index to i32
+      %d = arith.sitofp %n : i32 to f32
+      %q = arith.divf %x, %d : f32
+      scf.yield %q : f32
+    }
+    flashopt.store_element 0, %r : f32
+  }
+}
+
+// -----
+
 // expected-error @+1 {{'flashopt.arithmetic' must be "exact" or "fast", got "approximate"}}
 flashopt.kernel @bad group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "approximate"} {
   flashopt.group_body {
