@@ -145,6 +145,8 @@ def test_fast_arithmetic_errors():
     p = [torch.randn(40, dtype=torch.bfloat16, requires_grad=True)]
     with pytest.raises(ValueError, match="arithmetic must be 'exact' or 'fast'"):
         flashopt.FlashAdamW(p, arithmetic="approximate")
-    # No shipped fast SGD: the error names the spec it looked for.
-    with pytest.raises(flashopt.MissingBundleError, match="sgd_bf16_m24_fast"):
-        flashopt.FlashSGD(p, arithmetic="fast")
+    # Fast SGD and Lion are shipped; fast Adam is not: the error names the spec.
+    assert flashopt.FlashSGD(p, arithmetic="fast").specs() == ["sgd_bf16_m24_fast"]
+    assert flashopt.FlashLion(p, arithmetic="fast").specs() == ["lion_bf16_m24_fast"]
+    with pytest.raises(flashopt.MissingBundleError, match="adam_bf16_m24_fast"):
+        flashopt.FlashAdam(p, arithmetic="fast")
