@@ -32,6 +32,25 @@ namespace flashopt::bench {
 
 using namespace flashopt::host;
 
+/// The bundles of a kernels directory (subfolders holding a manifest.json),
+/// sorted by name.
+inline std::vector<std::string> listBundles(const std::string &dir) {
+  std::vector<std::string> out;
+  if (DIR *d = opendir(dir.c_str())) {
+    while (dirent *e = readdir(d)) {
+      std::string n = e->d_name;
+      struct stat st;
+      if (n != "." && n != ".." &&
+          stat((dir + "/" + n + "/manifest.json").c_str(), &st) == 0 &&
+          S_ISREG(st.st_mode))
+        out.push_back(n);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 /// Parses "1e6,1e8,250000" into element counts; false on a bad entry.
 inline bool parseSizes(const std::string &s, std::vector<int64_t> &out) {
   out.clear();

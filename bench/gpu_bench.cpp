@@ -6,11 +6,13 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// `flashopt-gpu-bench --kernels DIR [--bundle NAME] [--sizes 1e6,1e8,1e9]
-///  [--device N] [--iters N] [--warmup N] [--driver LIBCUDA]`
+/// `flashopt-gpu-bench --kernels DIR [--bundle NAME[,NAME...]|all]
+///  [--sizes 1e6,1e8,1e9] [--no-small] [--device N] [--iters N] [--warmup N]
+///  [--driver LIBCUDA]`
 ///
-/// Times the GPU step of one bundle (default adamw_bf16_m24) with CUDA
-/// events on the optimizer's stream:
+/// Times the GPU step of each named bundle (default adamw_bf16_m24; `all`:
+/// every bundle with a kernel for the device) with CUDA events on the
+/// optimizer's stream:
 ///
 ///  - one tensor of each size (a size that does not fit in free device
 ///    memory is skipped): ms/step and effective GB/s (bytes moved per
@@ -19,7 +21,10 @@
 ///    number of bytes (copying half of them: each is read and written once)
 ///    timed in the same run, and the ratio;
 ///  - many small tensors (300 of 65536): one multi-tensor launch against one
-///    launch per tensor (300 optimizers).
+///    launch per tensor (300 optimizers); not with --no-small.
+///
+/// scripts/sass-cost.py --measured reads the table to set the static
+/// issue-cost model's predictions beside the measured times.
 ///
 /// Prints one markdown table. Exit status 77 with "no NVIDIA GPU/driver:
 /// <reason>" when CUDA is unavailable. A benchmark, not a test.
@@ -32,6 +37,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <sstream>
 #include <memory>
 
 using namespace flashopt::bench;
@@ -145,65 +151,32 @@ int usage(const char *msg) {
   if (msg)
     std::fprintf(stderr, "flashopt-gpu-bench: %s\n", msg);
   std::fprintf(stderr,
-               "usage: flashopt-gpu-bench --kernels DIR [--bundle NAME] "
-               "[--sizes 1e6,1e8,1e9] [--device N] [--iters N] [--warmup N] "
+               "usage: flashopt-gpu-bench --kernels DIR "
+               "[--bundle NAME[,NAME...]|all] [--sizes 1e6,1e8,1e9] "
+               "[--no-small] [--device N] [--iters N] [--warmup N] "
                "[--driver LIBCUDA]\n");
   return 2;
 }
 
-} // namespace
-
-int main(int argc, char **argv) {
-  std::string kernels, bundleName = "adamw_bf16_m24";
+struct Options {
+  std::string kernels;
   std::vector<int64_t> sizes = {1000000, 100000000, 1000000000};
-  int device = 0, iters = 0, warmup = 3;
-  std::string driverPath;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (a == "--kernels" && v)
-      kernels = argv[++i];
-    else if (a == "--bundle" && v)
-      bundleName = argv[++i];
-    else if (a == "--sizes" && v) {
-      if (!parseSizes(argv[++i], sizes))
-        return usage("bad --sizes (e.g. 1e6,1e8,1e9)");
-    } else if (a == "--device" && v)
-      device = std::atoi(argv[++i]);
-    else if (a == "--iters" && v)
-      iters = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--driver" && v)
-      driverPath = argv[++i];
-    else if (a == "--warmup" && v)
-      warmup = std::max(0, std::atoi(argv[++i]));
-    else
-      return usage(("unknown or incomplete argument: " + a).c_str());
-  }
-  if (kernels.empty())
-    return usage("--kernels DIR is required");
+  int iters = 0, warmup = 3;
+  bool small = true;
+};
 
-  // --driver: another driver library (a dry run with a stand-in).
-  std::unique_ptr<CudaDriver> driver;
-  Expected<std::shared_ptr<CudaContext>> ctxOr =
-      Status::error("no driver loaded");
-  if (driverPath.empty()) {
-    ctxOr = CudaContext::create(device);
-  } else if (auto dl = CudaDriver::load(driverPath)) {
-    driver = std::move(dl.value());
-    ctxOr = CudaContext::create(*driver, device);
-  } else {
-    ctxOr = dl.status();
-  }
-  if (!ctxOr) {
-    std::printf("no NVIDIA GPU/driver: %s\n", ctxOr.error().c_str());
-    return 77;
-  }
-  std::shared_ptr<CudaContext> ctx = *ctxOr;
-  const CudaDeviceInfo &info = ctx->info();
+/// Times one bundle: a row per size and (unless --no-small) the 300-tensor
+/// pair. Returns the number of errors.
+int benchBundle(const std::shared_ptr<CudaContext> &ctx, Timer &timer,
+                const Options &o, const std::string &bundleName) {
   const CudaDriver &d = ctx->driver();
-  auto bundle = CudaBundle::load(ctx, kernels + "/" + bundleName);
+  int errors = 0;
+  auto bundle = CudaBundle::load(ctx, o.kernels + "/" + bundleName);
   if (!bundle) {
-    std::printf("flashopt-gpu-bench: %s\n", bundle.error().c_str());
+    Row r;
+    r.name = bundleName;
+    r.note = "error: " + bundle.error();
+    printRow(r);
     return 1;
   }
   const Manifest &m = (*bundle)->manifest();
@@ -211,20 +184,11 @@ int main(int argc, char **argv) {
   const int pw = dtype_size(m.param), gw = dtype_size(m.grad);
   const double statePerParam = m.computed_bytes_per_param().correction +
                                m.computed_bytes_per_param().states;
-  std::printf(
-      "flashopt-gpu-bench: %s on %s (sm_%d, %d SMs, %.0f GiB, driver "
-      "CUDA %s): %s, %d registers; %.4g bytes moved per param\n\n",
-      bundleName.c_str(), info.name.c_str(), info.chip(), info.sm_count,
-      double(info.total_memory) / (1 << 30),
-      cuda_version_string(info.driver_version).c_str(),
-      (*bundle)->loaded().substr(0, (*bundle)->loaded().find('\n')).c_str(),
-      (*bundle)->registers(), moved);
-  std::printf("| case | params | tensors | launches/step | ms/step | GB/s | "
-              "copy GB/s | %% of copy | note |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
-
-  Timer timer(*ctx);
-  int errors = 0;
+  const std::string kernelNote =
+      std::to_string((*bundle)->registers()) + " regs, " +
+      std::to_string(m.group_size) + "/group, " +
+      std::to_string(moved).substr(0, 6) + " B/param";
+  const int warmup = o.warmup;
 
   // Times a device-to-device copy moving `bytes` bytes (bytes / 2 copied).
   auto copyGbs = [&](int64_t bytes, int its, std::string &err) -> double {
@@ -251,13 +215,13 @@ int main(int argc, char **argv) {
   };
 
   // ---- one tensor of each size ---------------------------------------------
-  for (int64_t n : sizes) {
+  for (int64_t n : o.sizes) {
     Row row;
     row.name = bundleName;
     row.params = sizeName(n);
     row.tensors = "1";
     row.launches = "1";
-    int its = iters > 0        ? iters
+    int its = o.iters > 0      ? o.iters
               : n <= 10000000  ? 200
               : n <= 200000000 ? 50
                                : 20;
@@ -289,13 +253,14 @@ int main(int argc, char **argv) {
         s = idx ? (*opt)->allocate() : idx.status();
       }
       if (s) {
-        CudaOptimizer &o = **opt;
-        row.ms = timer.msPerCall([&] { return o.step(); }, warmup, its, err);
+        CudaOptimizer &opt1 = **opt;
+        row.ms =
+            timer.msPerCall([&] { return opt1.step(); }, warmup, its, err);
         if (row.ms < 0)
           s = Status::error(err);
         else
-          row.note = "grid " + std::to_string(o.launch_config().grid) + ", " +
-                     std::to_string(its) + " steps";
+          row.note = "grid " + std::to_string(opt1.launch_config().grid) +
+                     ", " + std::to_string(its) + " steps, " + kernelNote;
       }
       if (!s) {
         row.ms = -1;
@@ -311,89 +276,176 @@ int main(int argc, char **argv) {
       row.note += "; copy failed: " + err;
     printRow(row);
   }
+  if (!o.small)
+    return errors;
 
-  // ---- many small tensors
-  // ------------------------------------------------------
-  {
-    const int NT = 300;
-    const int64_t each = 65536, n = NT * each;
-    int its = iters > 0 ? iters : 100;
-    auto p = DeviceBuffer::allocate(ctx, n * pw);
-    auto p2 = DeviceBuffer::allocate(ctx, n * pw);
-    auto g = DeviceBuffer::allocate(ctx, n * gw);
-    Status s = !p ? p.status() : !p2 ? p2.status() : !g ? g.status() : Status();
-    if (s)
-      s = fillDevice(*ctx, p->ptr(), m.param, n, 1.0f, 3);
-    if (s)
-      s = fillDevice(*ctx, p2->ptr(), m.param, n, 1.0f, 3);
-    if (s)
-      s = fillDevice(*ctx, g->ptr(), m.grad, n, 1e-2f, 4);
-    auto multi = CudaOptimizer::create(*bundle);
-    if (s && !multi)
-      s = multi.status();
-    std::vector<std::unique_ptr<CudaOptimizer>> singles;
-    for (int i = 0; s && i < NT; ++i) {
-      uint64_t po = uint64_t(i * each * pw), go = uint64_t(i * each * gw);
-      auto a = (*multi)->add_param(0, p->ptr() + po, each, g->ptr() + go);
-      auto one = CudaOptimizer::create(*bundle);
-      if (!a || !one) {
-        s = !a ? a.status() : one.status();
-        break;
-      }
-      auto b = (*one)->add_param(0, p2->ptr() + po, each, g->ptr() + go);
-      if (!b)
-        s = b.status();
-      else
-        s = (*one)->allocate();
-      singles.push_back(std::move(*one));
+  // ---- many small tensors ---------------------------------------------------
+  const int NT = 300;
+  const int64_t each = 65536, n = NT * each;
+  int its = o.iters > 0 ? o.iters : 100;
+  auto p = DeviceBuffer::allocate(ctx, n * pw);
+  auto p2 = DeviceBuffer::allocate(ctx, n * pw);
+  auto g = DeviceBuffer::allocate(ctx, n * gw);
+  Status s = !p ? p.status() : !p2 ? p2.status() : !g ? g.status() : Status();
+  if (s)
+    s = fillDevice(*ctx, p->ptr(), m.param, n, 1.0f, 3);
+  if (s)
+    s = fillDevice(*ctx, p2->ptr(), m.param, n, 1.0f, 3);
+  if (s)
+    s = fillDevice(*ctx, g->ptr(), m.grad, n, 1e-2f, 4);
+  auto multi = CudaOptimizer::create(*bundle);
+  if (s && !multi)
+    s = multi.status();
+  std::vector<std::unique_ptr<CudaOptimizer>> singles;
+  for (int i = 0; s && i < NT; ++i) {
+    uint64_t po = uint64_t(i * each * pw), go = uint64_t(i * each * gw);
+    auto a = (*multi)->add_param(0, p->ptr() + po, each, g->ptr() + go);
+    auto one = CudaOptimizer::create(*bundle);
+    if (!a || !one) {
+      s = !a ? a.status() : one.status();
+      break;
     }
-    if (s)
-      s = (*multi)->allocate();
-    Row rm, rs;
-    rm.name = bundleName + " multi-tensor";
-    rs.name = bundleName + " per-tensor";
-    rm.params = rs.params = std::to_string(NT) + "x" + std::to_string(each);
-    rm.tensors = rs.tensors = std::to_string(NT);
-    rm.launches = "1";
-    rs.launches = std::to_string(NT);
-    std::string err;
-    if (s) {
-      rm.ms =
-          timer.msPerCall([&] { return (*multi)->step(); }, warmup, its, err);
-      rs.ms = timer.msPerCall(
-          [&] {
-            for (auto &o : singles) {
-              Status st = o->step();
-              if (!st)
-                return st;
-            }
-            return Status::success();
-          },
-          warmup, its, err);
-      if (rm.ms < 0 || rs.ms < 0)
-        s = Status::error(err);
-    }
-    if (!s) {
-      rm.ms = rs.ms = -1;
-      rm.note = rs.note = "error: " + s.message();
-      ++errors;
-    } else {
-      double c = copyGbs(int64_t(moved * double(n)), its, err);
-      for (Row *r : {&rm, &rs}) {
-        r->gbs = moved * double(n) / (r->ms * 1e-3) / 1e9;
-        r->copyGbs = c;
-      }
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "%.2fx faster than per-tensor, grid %lld",
-                    rs.ms / rm.ms, (long long)(*multi)->launch_config().grid);
-      rm.note = buf;
-    }
-    printRow(rm);
-    printRow(rs);
+    auto b = (*one)->add_param(0, p2->ptr() + po, each, g->ptr() + go);
+    if (!b)
+      s = b.status();
+    else
+      s = (*one)->allocate();
+    singles.push_back(std::move(*one));
   }
-  std::printf(
-      "\nGB/s counts %.4g bytes per param; copy GB/s counts read + write "
-      "of a cuMemcpyDtoD of half as many bytes.\n",
-      moved);
+  if (s)
+    s = (*multi)->allocate();
+  Row rm, rs;
+  rm.name = bundleName + " multi-tensor";
+  rs.name = bundleName + " per-tensor";
+  rm.params = rs.params = std::to_string(NT) + "x" + std::to_string(each);
+  rm.tensors = rs.tensors = std::to_string(NT);
+  rm.launches = "1";
+  rs.launches = std::to_string(NT);
+  std::string err;
+  if (s) {
+    rm.ms = timer.msPerCall([&] { return (*multi)->step(); }, warmup, its, err);
+    rs.ms = timer.msPerCall(
+        [&] {
+          for (auto &one : singles) {
+            Status st = one->step();
+            if (!st)
+              return st;
+          }
+          return Status::success();
+        },
+        warmup, its, err);
+    if (rm.ms < 0 || rs.ms < 0)
+      s = Status::error(err);
+  }
+  if (!s) {
+    rm.ms = rs.ms = -1;
+    rm.note = rs.note = "error: " + s.message();
+    ++errors;
+  } else {
+    double c = copyGbs(int64_t(moved * double(n)), its, err);
+    for (Row *r : {&rm, &rs}) {
+      r->gbs = moved * double(n) / (r->ms * 1e-3) / 1e9;
+      r->copyGbs = c;
+    }
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%.2fx faster than per-tensor, grid %lld",
+                  rs.ms / rm.ms, (long long)(*multi)->launch_config().grid);
+    rm.note = buf;
+  }
+  printRow(rm);
+  printRow(rs);
+  return errors;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Options o;
+  std::string bundleArg = "adamw_bf16_m24";
+  int device = 0;
+  std::string driverPath;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (a == "--kernels" && v)
+      o.kernels = argv[++i];
+    else if (a == "--bundle" && v)
+      bundleArg = argv[++i];
+    else if (a == "--sizes" && v) {
+      if (!parseSizes(argv[++i], o.sizes))
+        return usage("bad --sizes (e.g. 1e6,1e8,1e9)");
+    } else if (a == "--device" && v)
+      device = std::atoi(argv[++i]);
+    else if (a == "--iters" && v)
+      o.iters = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--driver" && v)
+      driverPath = argv[++i];
+    else if (a == "--warmup" && v)
+      o.warmup = std::max(0, std::atoi(argv[++i]));
+    else if (a == "--no-small")
+      o.small = false;
+    else
+      return usage(("unknown or incomplete argument: " + a).c_str());
+  }
+  if (o.kernels.empty())
+    return usage("--kernels DIR is required");
+
+  // --driver: another driver library (a dry run with a stand-in).
+  std::unique_ptr<CudaDriver> driver;
+  Expected<std::shared_ptr<CudaContext>> ctxOr =
+      Status::error("no driver loaded");
+  if (driverPath.empty()) {
+    ctxOr = CudaContext::create(device);
+  } else if (auto dl = CudaDriver::load(driverPath)) {
+    driver = std::move(dl.value());
+    ctxOr = CudaContext::create(*driver, device);
+  } else {
+    ctxOr = dl.status();
+  }
+  if (!ctxOr) {
+    std::printf("no NVIDIA GPU/driver: %s\n", ctxOr.error().c_str());
+    return 77;
+  }
+  std::shared_ptr<CudaContext> ctx = *ctxOr;
+  const CudaDeviceInfo &info = ctx->info();
+
+  // The bundles: a list, or every one with a kernel for this chip.
+  std::vector<std::string> names;
+  if (bundleArg == "all") {
+    for (const std::string &b : listBundles(o.kernels))
+      if (auto cb = CudaBundle::load(ctx, o.kernels + "/" + b))
+        names.push_back(b);
+    if (names.empty()) {
+      std::printf("flashopt-gpu-bench: no bundle under %s has a kernel for "
+                  "sm_%d\n",
+                  o.kernels.c_str(), info.chip());
+      return 1;
+    }
+  } else {
+    std::stringstream ss(bundleArg);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty())
+        names.push_back(item);
+    if (names.empty())
+      return usage("--bundle needs a name");
+  }
+
+  std::printf("flashopt-gpu-bench: %zu bundle(s) on %s (sm_%d, %d SMs, %.0f "
+              "GiB, driver CUDA %s)\n\n",
+              names.size(), info.name.c_str(), info.chip(), info.sm_count,
+              double(info.total_memory) / (1 << 30),
+              cuda_version_string(info.driver_version).c_str());
+  std::printf("| case | params | tensors | launches/step | ms/step | GB/s | "
+              "copy GB/s | %% of copy | note |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+
+  Timer timer(*ctx);
+  int errors = 0;
+  for (const std::string &b : names)
+    errors += benchBundle(ctx, timer, o, b);
+  std::printf("\nGB/s counts the bytes per param of each bundle's manifest "
+              "(every buffer read, every writable one written); copy GB/s "
+              "counts read + write of a cuMemcpyDtoD of half as many bytes.\n");
   return errors ? 1 : 0;
 }

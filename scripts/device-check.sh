@@ -15,10 +15,18 @@
 #                           gradients on the device, equal to the MPI path bit for bit.
 #                           A missing libnccl, mpirun, nccl.h or MPI is a FAILURE.
 #   flashopt-gpu-bench      AdamW 1e6/1e8/1e9 params vs device copy; 300 small tensors
+#   all bundles at 1e9      every shipped bundle, one tensor of 1e9 params, vs a
+#                           device copy of the same bytes (issue 13 item 4)
+#   ncu dynamic counts      Nsight Compute (if present): warp-instructions, DRAM
+#                           bytes and SM clock of one launch of the key bundles
+#   model vs measured       scripts/sass-cost.py --measured: the static model's
+#                           prediction next to each measured time (the counts
+#                           come from --prepare: build/device-deps/sass-cost.json)
 #   bench/torch_adamw.py    torch.optim.AdamW(fused=True) fp32, same sizes
 #
-# and prints one summary table. Logs go to $OUT when it is set (else to
-# build-device/device-check-logs/).
+# and prints one summary table. Logs go to build-device/device-check-logs; when
+# OUT is set, the summary, the main tables and a tarball of all logs are
+# copied there.
 #
 # Usage:
 #   bash scripts/device-check.sh --prepare   # on the build machine: copies the
@@ -29,7 +37,7 @@
 #
 # Environment: OUT (log folder), FLASHOPT_KERNELS (build/kernels),
 # FLASHOPT_DEVICE_DEPS (build/device-deps), FLASHOPT_DEVICE_BUILD
-# (build-device), FLASHOPT_JOBS (nproc), FLASHOPT_DEVICE_CHECK_BUDGET (350 s),
+# (build-device), FLASHOPT_JOBS (nproc), FLASHOPT_DEVICE_CHECK_BUDGET (400 s),
 # FLASHOPT_DEVICE_NO_CMAKE=1 (build with the compiler directly, as without cmake),
 # FLASHOPT_DEVICE_BUILD_LIMIT (seconds for the build step, default 300),
 # FLASHOPT_NCCL_LIBRARY (libnccl.so.2 to use), FLASHOPT_NCCL_DIR (a folder
@@ -47,7 +55,7 @@ BUILD=${FLASHOPT_DEVICE_BUILD:-build-device}
 [[ "$BUILD" == /* ]] || BUILD="$ROOT/$BUILD"
 [[ "$KERNELS" == /* ]] || KERNELS="$ROOT/$KERNELS"
 [[ "$DEPS" == /* ]] || DEPS="$ROOT/$DEPS"
-BUDGET=${FLASHOPT_DEVICE_CHECK_BUDGET:-350} # seconds for everything
+BUDGET=${FLASHOPT_DEVICE_CHECK_BUDGET:-400} # seconds for everything
 START=$SECONDS
 
 count_bundles() { ls "$1"/*/manifest.json 2>/dev/null | wc -l; }
@@ -80,13 +88,23 @@ if [[ "${1:-}" == "--prepare" ]]; then
   else
     echo "device-check --prepare: doctest not found; the GPU machine will skip the unit tests" >&2
   fi
+  # The static counts, for the model-vs-measured table on the GPU machine.
+  if python3 scripts/sass-cost.py --kernels "$KERNELS" --arch sm_90 --json "$DEPS/sass-cost.json" >/dev/null; then
+    echo "device-check --prepare: static SASS counts in $DEPS/sass-cost.json"
+  else
+    echo "device-check --prepare: scripts/sass-cost.py failed (nvdisasm?); no model-vs-measured table" >&2
+  fi
   echo "device-check --prepare: $n bundles in $KERNELS; build dependencies in $DEPS ($(du -sh "$DEPS" | cut -f1))"
   echo "On the GPU machine (carry $KERNELS and $DEPS): bash scripts/device-check.sh"
   [[ $ok -eq 1 ]] && exit 0 || exit 1
 fi
 
 # ---- the check (on the GPU machine) -------------------------------------------
-LOGS=${OUT:-$BUILD/device-check-logs}
+# Logs go to $BUILD/device-check-logs; with OUT set (the device tool's
+# folder, which brings back at most 8 files), finish copies the summary, the
+# main tables and a tarball of every log there.
+LOGS=$BUILD/device-check-logs
+rm -rf "$LOGS"
 mkdir -p "$LOGS" "$BUILD"
 LOG="$LOGS/device-check.log"
 : >"$LOG"
@@ -138,6 +156,13 @@ finish() {
     done
   } | tee "$LOGS/summary.md" | tee -a "$LOG"
   say "logs: $LOGS"
+  if [[ -n "${OUT:-}" ]]; then
+    mkdir -p "$OUT"
+    for f in summary.md device-check.log gpu-bench-all.md model-vs-measured.md gpu-check.txt; do
+      [[ -f "$LOGS/$f" ]] && cp "$LOGS/$f" "$OUT/"
+    done
+    tar czf "$OUT/device-check-logs.tgz" -C "$LOGS" . && say "logs also in \$OUT: device-check-logs.tgz"
+  fi
   exit "$code"
 }
 
@@ -348,6 +373,37 @@ run_step "flashopt-gpu-bench" 100 "$LOGS/gpu-bench.md" \
 S=$(grep -E '^\| adamw_bf16_m24 \| 1e9 ' "$LOGS/gpu-bench.md" | head -1 | cut -c1-160)
 record "flashopt-gpu-bench" "$(status_of $RC)" "$STEP_TIME" "${S:-see gpu-bench.md}"
 ((RC != 0)) && FAILED=1
+
+# Every bundle at 1e9 parameters against a copy of the same bytes.
+run_step "gpu-bench all 1e9" 120 "$LOGS/gpu-bench-all.md" \
+  "$BUILD/bin/flashopt-gpu-bench" --kernels "$KERNELS" --bundle all --sizes 1e9 \
+  --no-small --iters 10 --warmup 2
+N=$(grep -cE '^\| [a-z0-9_]+ \| 1e9 \| 1 \| 1 \| [0-9]' "$LOGS/gpu-bench-all.md")
+record "gpu-bench all 1e9" "$(status_of $RC)" "$STEP_TIME" "$N bundles timed"
+((RC != 0)) && FAILED=1
+
+# Dynamic counts of the key bundles (one launch each at 1e8), when ncu works.
+NCU_BUNDLES=${FLASHOPT_NCU_BUNDLES:-adamw_bf16_m24,adamw_bf16_m24_fast,sgd_bf16_m24,sgd_bf16_m24_fast,lion_bf16_m24,lion_bf16_m24_fast,adamw_f32,adamw_bf16,adamw_f32_f32states}
+NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [[ -n "$NCU_BIN" ]]; then
+  run_step "ncu dynamic counts" 100 "$LOGS/ncu-run.txt" \
+    "$NCU_BIN" --clock-control none --csv --print-units base --log-file "$LOGS/ncu.csv" \
+    --metrics smsp__inst_executed.sum,smsp__thread_inst_executed.sum,dram__bytes.sum,gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,smsp__issue_active.avg.pct_of_peak_sustained_active \
+    --kernel-name "regex:^(${NCU_BUNDLES//,/|})\$" \
+    "$BUILD/bin/flashopt-gpu-bench" --kernels "$KERNELS" --bundle "$NCU_BUNDLES" \
+    --sizes 1e8 --no-small --iters 1 --warmup 0
+  record "ncu dynamic counts" "$(status_of $RC)" "$STEP_TIME" "$(grep -c '"smsp__inst_executed.sum"' "$LOGS/ncu.csv" 2>/dev/null) kernels profiled"
+else
+  record "ncu dynamic counts" "skipped" 0 "ncu not found"
+fi
+if [[ -f "$DEPS/sass-cost.json" ]] && command -v python3 >/dev/null 2>&1; then
+  run_step "model vs measured" 30 "$LOGS/model-vs-measured.md" \
+    python3 scripts/sass-cost.py --counts "$DEPS/sass-cost.json" --measured "$LOGS/gpu-bench-all.md" \
+    --ncu "$LOGS/ncu.csv" --ncu-params 1e8 --markdown
+  record "model vs measured" "$(status_of $RC)" "$STEP_TIME" "model-vs-measured.md"
+else
+  record "model vs measured" "skipped" 0 "no $DEPS/sass-cost.json (run --prepare) or no python3"
+fi
 
 if command -v python3 >/dev/null 2>&1; then
   run_step "torch_adamw.py" 100 "$LOGS/torch-adamw.md" python3 bench/torch_adamw.py

@@ -38,6 +38,17 @@ Modes:
       bundle missing from the baseline or a baseline entry without a bundle, and
       says to update the baseline (--write-baseline) when a count fell.
   sass-cost.py --kernels build/kernels --write-baseline bench/sass-baseline.json
+  sass-cost.py --counts counts.json --measured gpu-bench.md [--ncu ncu.csv
+               --ncu-params 1e8] [--markdown]
+      calibration on a GPU machine (scripts/device-check.sh): the counts of a
+      --json run made where the kernels were built, beside flashopt-gpu-bench's
+      measured times (one row per bundle and size) and, when given, the
+      dynamic counts Nsight Compute read for one launch of each bundle at
+      --ncu-params elements (warp-instructions executed x 32 / elements, the
+      DRAM bytes per element and the SM clock). Each prediction uses the
+      bandwidth of the copy timed in the same row and the nominal clock (and,
+      with --ncu, the clock measured), so measured / predicted says how far
+      the model is off.
 
 nvdisasm is looked up in $FLASHOPT_NVDISASM, PATH, /usr/local/cuda/bin and the
 triton wheel of the Python environment (scripts/setup.sh installs torch, which
@@ -359,6 +370,92 @@ def report(rows, chips, markdown):
             print(s)
 
 
+def parse_measured(path):
+    """flashopt-gpu-bench's table: {(bundle, params): (ms, copy_gbs)} for the
+    single-tensor rows."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) < 8 or cells[2] != "1" or " " in cells[0]:
+                continue
+            try:
+                n, ms, copy = float(cells[1]), float(cells[4]), float(cells[6])
+            except ValueError:
+                continue
+            out[(cells[0], n)] = (ms, copy)
+    return out
+
+
+NCU_METRICS = {
+    "smsp__inst_executed.sum": "warp_insns",
+    "smsp__thread_inst_executed.sum": "thread_insns",
+    "dram__bytes.sum": "dram_bytes",
+    "gpu__time_duration.sum": "ns",
+    "sm__cycles_elapsed.avg.per_second": "sm_hz",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue_pct",
+}
+
+
+def parse_ncu(path):
+    """Nsight Compute's --csv --print-units base output: {kernel: {metric: value}}
+    (the last launch of each kernel name)."""
+    import csv
+    out = {}
+    with open(path, newline="") as f:
+        lines = [l for l in f if l.startswith('"')]
+    for rec in csv.DictReader(lines):
+        name, metric = rec.get("Kernel Name", ""), rec.get("Metric Name", "")
+        if metric not in NCU_METRICS:
+            continue
+        try:
+            v = float(rec.get("Metric Value", "").replace(",", ""))
+        except ValueError:
+            continue
+        name = name.split("(")[0].strip()
+        out.setdefault(name, {})[NCU_METRICS[metric]] = v
+    return out
+
+
+def calibrate(rows, measured, ncu, ncu_params, markdown):
+    ch = CHIPS["H200"]
+    nominal = ISSUE_PER_CLK_PER_SM * WARP * ch["sms"] * ch["ghz"] * 1e9
+    by = {(r["bundle"]): r for r in rows if r["arch"] == ch["arch"]}
+    hdr = ["bundle", "params", "SASS/elt static", "SASS/elt dynamic", "dyn/static",
+           "issue active %", "SM GHz", "B/param manifest", "B/param DRAM", "measured ms",
+           "copy GB/s", "% of copy", "predicted ms", "bound", "measured/predicted"]
+    print("Model vs measured (H200 issue rate: 4 warp-instructions/clk/SM, 132 SMs, "
+          f"{ch['ghz']} GHz unless the SM clock was measured; memory time at the copy "
+          "bandwidth timed in the same row).\n")
+    if markdown:
+        print("| " + " | ".join(hdr) + " |")
+        print("|---|---:|" + "---:|" * (len(hdr) - 2))
+    else:
+        print("  ".join(hdr))
+    for (bundle, n), (ms, copy) in sorted(measured.items()):
+        r = by.get(bundle)
+        if r is None:
+            continue
+        k = ncu.get(bundle, {})
+        dyn = k["warp_insns"] * WARP / ncu_params if "warp_insns" in k and ncu_params else None
+        dram = k["dram_bytes"] / ncu_params if "dram_bytes" in k and ncu_params else None
+        ghz = k["sm_hz"] / 1e9 if "sm_hz" in k else None
+        rate = nominal if ghz is None else ISSUE_PER_CLK_PER_SM * WARP * ch["sms"] * ghz * 1e9
+        insns = dyn if dyn is not None else r["insns_per_elt"]
+        t_issue = n * insns / rate * 1e3
+        t_mem = n * r["bytes_per_param"] / (copy * 1e9) * 1e3 if copy > 0 else 0.0
+        pred = max(t_issue, t_mem)
+        f = lambda v, fmt: "—" if v is None else format(v, fmt)
+        cells = [bundle, f"{n:.0e}", f"{r['insns_per_elt']:.1f}", f(dyn, ".1f"),
+                 f(None if dyn is None else dyn / r["insns_per_elt"], ".2f"),
+                 f(k.get("issue_pct"), ".0f"), f(ghz, ".2f"), f"{r['bytes_per_param']:.3f}",
+                 f(dram, ".2f"), f"{ms:.3f}", f"{copy:.0f}",
+                 f"{100.0 * t_mem / ms:.0f} %" if t_mem else "—", f"{pred:.3f}",
+                 "issue" if t_issue > t_mem else "memory", f"{ms / pred:.2f}"]
+        print(("| " + " | ".join(cells) + " |") if markdown else "  ".join(cells))
+    return 0
+
+
 PINNED = ("insns_per_elt", "mufu_per_elt", "shared_per_elt", "registers", "spill_stores",
           "spill_loads")
 
@@ -403,7 +500,11 @@ def check(rows, baseline_path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kernels", required=True, help="directory of bundles (build/kernels)")
+    ap.add_argument("--kernels", help="directory of bundles (build/kernels)")
+    ap.add_argument("--counts", help="counts from an earlier --json run (no nvdisasm needed)")
+    ap.add_argument("--measured", help="flashopt-gpu-bench's table (calibration)")
+    ap.add_argument("--ncu", help="Nsight Compute CSV of one launch per bundle (calibration)")
+    ap.add_argument("--ncu-params", type=float, help="elements of each profiled launch")
     ap.add_argument("--arch", action="append", help="sm_80, sm_90, sm_100 (default sm_90, sm_100)")
     ap.add_argument("--chips", default="H100-SXM,H200,B200")
     ap.add_argument("--markdown", action="store_true")
@@ -417,13 +518,31 @@ def main():
     for c in chips:
         if c not in CHIPS:
             die(f"unknown chip {c} (known: {', '.join(CHIPS)})")
-    if not os.path.isdir(a.kernels):
-        die(f"kernel directory {a.kernels} does not exist (build first)")
-    nvdisasm = find_nvdisasm()
-    try:
-        rows = analyse(a.kernels, nvdisasm, archs)
-    except ValueError as e:
-        die(str(e), 1)
+    if a.counts:
+        try:
+            with open(a.counts) as f:
+                rows = json.load(f)
+        except (OSError, ValueError) as e:
+            die(f"cannot read the counts {a.counts}: {e}", 1)
+    else:
+        if not a.kernels:
+            die("--kernels DIR (or --counts JSON) is required")
+        if not os.path.isdir(a.kernels):
+            die(f"kernel directory {a.kernels} does not exist (build first)")
+        nvdisasm = find_nvdisasm()
+        try:
+            rows = analyse(a.kernels, nvdisasm, archs)
+        except ValueError as e:
+            die(str(e), 1)
+    if a.measured:
+        try:
+            measured = parse_measured(a.measured)
+            ncu = parse_ncu(a.ncu) if a.ncu and os.path.isfile(a.ncu) else {}
+        except OSError as e:
+            die(str(e), 1)
+        if not measured:
+            die(f"no single-tensor rows in {a.measured}", 1)
+        return calibrate(rows, measured, ncu, a.ncu_params, a.markdown)
     if a.only:
         rows = [r for r in rows if r["bundle"] in a.only]
     if not rows:
