@@ -33,7 +33,8 @@
 #       # nlohmann/json and doctest headers + CMake configs into build/device-deps
 #       # (the GPU machine may lack them); checks build/kernels
 #   bash scripts/device-check.sh             # on the GPU machine
-#       # (carry build/kernels and build/device-deps there)
+#       # (carry build/kernels, build/kernels-accumulate-gpu (the NCCL smoke
+#       # test's accumulation bundles) and build/device-deps there)
 #
 # Environment: OUT (log folder), FLASHOPT_KERNELS (build/kernels),
 # FLASHOPT_DEVICE_DEPS (build/device-deps), FLASHOPT_DEVICE_BUILD
@@ -77,6 +78,13 @@ if [[ "${1:-}" == "--prepare" ]]; then
       cp -r /usr/share/cmake/nlohmann_json "$DEPS/share/cmake/"
   else
     echo "device-check --prepare: /usr/include/nlohmann/json.hpp not found" >&2
+    ok=0
+  fi
+  # DLPack's header (the C ABI's flashopt_*_dlpack entry points).
+  if [[ -f /usr/include/dlpack/dlpack.h ]]; then
+    cp -r /usr/include/dlpack "$DEPS/include/"
+  else
+    echo "device-check --prepare: /usr/include/dlpack/dlpack.h not found (libdlpack-dev)" >&2
     ok=0
   fi
   if [[ -f /usr/include/doctest/doctest.h && -d /usr/lib/cmake/doctest ]]; then
@@ -382,7 +390,10 @@ N=$(grep -cE '^\| [a-z0-9_]+ \| 1e9 \| 1 \| 1 \| [0-9]' "$LOGS/gpu-bench-all.md"
 record "gpu-bench all 1e9" "$(status_of $RC)" "$STEP_TIME" "$N bundles timed"
 ((RC != 0)) && FAILED=1
 
-# Dynamic counts of the key bundles (one launch each at 1e8), when ncu works.
+# Dynamic counts of the key bundles (one steady-state launch each at 1e8:
+# the third step, after two that fill the 8-bit states with real codes; the
+# first step, on all-zero states, runs the slow path of every division of a
+# zero code and is not representative), when ncu works.
 NCU_BUNDLES=${FLASHOPT_NCU_BUNDLES:-adamw_bf16_m24,adamw_bf16_m24_fast,sgd_bf16_m24,sgd_bf16_m24_fast,lion_bf16_m24,lion_bf16_m24_fast,adamw_f32,adamw_bf16,adamw_f32_f32states}
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [[ -n "$NCU_BIN" ]]; then
@@ -391,8 +402,8 @@ if [[ -n "$NCU_BIN" ]]; then
     --metrics smsp__inst_executed.sum,smsp__thread_inst_executed.sum,dram__bytes.sum,gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,smsp__issue_active.avg.pct_of_peak_sustained_active \
     --kernel-name "regex:^(${NCU_BUNDLES//,/|})\$" \
     "$BUILD/bin/flashopt-gpu-bench" --kernels "$KERNELS" --bundle "$NCU_BUNDLES" \
-    --sizes 1e8 --no-small --iters 1 --warmup 0
-  record "ncu dynamic counts" "$(status_of $RC)" "$STEP_TIME" "$(grep -c '"smsp__inst_executed.sum"' "$LOGS/ncu.csv" 2>/dev/null) kernels profiled"
+    --sizes 1e8 --no-small --iters 1 --warmup 2
+  record "ncu dynamic counts" "$(status_of $RC)" "$STEP_TIME" "$(grep -c '"smsp__inst_executed.sum"' "$LOGS/ncu.csv" 2>/dev/null) launches profiled (3 per bundle; the last is used)"
 else
   record "ncu dynamic counts" "skipped" 0 "ncu not found"
 fi
