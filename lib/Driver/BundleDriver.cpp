@@ -472,11 +472,16 @@ driver::buildBundle(const CompileJob &job,
     k.kind = kinds[ki];
     k.threads_per_block = abi::kGpuThreadsPerBlock;
     {
-      auto kindModule = expandEncodings(kindJobs[ki]);
-      if (!kindModule)
-        return kindModule.takeError();
+      // The kernel as flashopt-to-gpu sees it, so that the manifest states
+      // the elements per thread the PTX really handles.
+      OwningOpRef<ModuleOp> kindModule = cloneModule(kindJobs[ki]);
+      if (failed(runPasses(*kindModule, [](OpPassManager &pm) {
+            buildGPUPreLoweringPipeline(pm);
+          })))
+        return makeError("preparing " + kindJobs[ki].getName() +
+                         " for the GPU failed");
       k.elements_per_thread = int(gpuElementsPerThread(
-          *(*kindModule)->getOps<KernelOp>().begin(),
+          *(*kindModule).getOps<KernelOp>().begin(),
           options.gpuBytesPerThread, gpuHeavyBudget(chip)));
     }
     if (ptxas) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ctest: the GPU-independent part of scripts/device-check.sh.
-#   1. every shipped bundle carries PTX for sm_80/sm_90/sm_100 and, when ptxas
-#      is installed, a cubin per chip with 0 spills and <= 64 registers;
+#   1. every shipped bundle carries PTX for sm_80/sm_90/sm_100 whose widest
+#      vector access matches the manifest's elements_per_thread and, when
+#      ptxas is installed, a cubin per chip with 0 spills and <= 64 registers;
 #   2. `device-check.sh --prepare` gathers the build dependencies;
 #   3. `device-check.sh` builds the MLIR-free runtime (-DFLASHOPT_RUNTIME_ONLY)
 #      from scratch, runs the runtime unit tests, and then either checks the GPU
@@ -26,8 +27,18 @@ m = json.load(open(path))
 chips = {k["target"]: k for k in m["kernels"] if k["target"].startswith("sm_")}
 missing = {"sm_80", "sm_90", "sm_100"} - set(chips)
 assert not missing, f"{path}: no GPU kernel for {sorted(missing)}"
+import re
+SIZES = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "ui8": 1, "u8": 1, "i16": 2, "u16": 2, "ui16": 2}
+widest = max(SIZES[b["dtype"]] for b in m["buffers"] if b["per"] == "element")
 for chip, k in chips.items():
     assert os.path.isfile(os.path.join(d, k["file"])), f"{path}: {chip}: PTX {k['file']} missing"
+    # The manifest's elements per thread is what the PTX handles: the widest
+    # per-element stream moves W x its size per vector access.
+    ptx = open(os.path.join(d, k["file"])).read()
+    vec = max((int(n) * int(b) // 8 for n, b in re.findall(r"ld\.global\.v(\d)\.b(\d+)", ptx)), default=0)
+    assert vec == k["elements_per_thread"] * widest, \
+        f"{path}: {chip}: the manifest says {k['elements_per_thread']} elements per thread, " \
+        f"but the PTX's widest access is {vec} bytes for {widest}-byte elements"
     if shutil.which("ptxas") or os.path.exists("/usr/local/cuda/bin/ptxas"):
         assert k.get("cubin") and os.path.isfile(os.path.join(d, k["cubin"])), f"{path}: {chip}: no cubin"
         assert k["spill_stores"] == 0 and k["spill_loads"] == 0, f"{path}: {chip}: spills"

@@ -67,6 +67,13 @@ struct GPUPipelineOptions {
   bool tritonCompat = false;
 };
 
+/// Adds the flashopt-level rewrites that precede flashopt-to-gpu in
+/// flashopt-gpu-pipeline (encodings expanded, fast arithmetic, exact integer
+/// and group divisions). flashopt-to-gpu chooses the elements per thread from
+/// the divisions and square roots left after them, so whoever predicts that
+/// choice (gpuElementsPerThread, the manifest) runs these first.
+void buildGPUPreLoweringPipeline(OpPassManager &pm);
+
 /// Adds flashopt-gpu-pipeline: flashopt.optimizer → gpu.module with NVVM
 /// target attached, lowered to the LLVM/NVVM dialects (ready for
 /// serialization to PTX).
@@ -76,7 +83,8 @@ class KernelOp;
 
 /// Elements each GPU thread handles for `kernel` (what flashopt-to-gpu
 /// chooses with the given bytes-per-thread and heavy-budget options;
-/// bytes-per-thread 0 = automatic).
+/// bytes-per-thread 0 = automatic). `kernel` must have been through
+/// buildGPUPreLoweringPipeline, as flashopt-to-gpu's input is.
 int64_t gpuElementsPerThread(KernelOp kernel, int64_t bytesPerThread = 0,
                              int64_t heavyBudget = 24);
 

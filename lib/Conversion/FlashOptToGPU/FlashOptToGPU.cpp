@@ -353,12 +353,14 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
 } // namespace
 
 int64_t mlir::flashopt::gpuHeavyBudget(llvm::StringRef chip) {
-  // Measured with ptxas 13 (.maxnreg 64): AdamW bf16 with 8-bit states (12
-  // divisions + square roots per element) takes 80 registers at 8 elements
-  // per thread and 56-64 at 4 on every chip. SGD and Lion (5) take 64 with
-  // no spills at 8 on sm_80 and sm_90 (sm_90: 9-10 % fewer SASS per element
-  // than at 4, full 128-bit accesses — the official kernels' shape), but
-  // spill 4-20 bytes in five specs on sm_100, which keeps them at 4.
+  // Measured with ptxas 13 (.maxnreg 64), counting the divisions and square
+  // roots left after flashopt-gpu's pre-lowering rewrites: AdamW bf16 with
+  // 8-bit states (9 per element) takes 80 registers at 8 elements per thread
+  // and 56-64 at 4 on every chip. SGD and Lion with exact code decodes (3)
+  // take 63-64 with no spills at 8 on every chip (sm_100: 133.5 -> 101.4
+  // SASS per element for sgd_bf16_m24 against 4). Their fast variants (4 or
+  // 5) spilled 4-20 bytes in five specs on sm_100 at 8, which keeps those
+  // at 4 there.
   return chip == "sm_80" || chip == "sm_90" ? 40 : 24;
 }
 
