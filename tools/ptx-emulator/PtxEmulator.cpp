@@ -20,6 +20,7 @@
 #include <cfenv>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <set>
 #include <sstream>
@@ -148,6 +149,14 @@ struct KernelImpl {
   int numRegs = 0;
   unsigned ntidLimit[3] = {0, 0, 0}; ///< .maxntid / .reqntid (0: none)
   bool ntidExact = false;            ///< .reqntid
+  /// The module's initialized .global arrays (shared by its kernels; their
+  /// host addresses are the symbols' values): readable, never writable.
+  std::shared_ptr<const struct ConstData> constData;
+};
+
+struct ConstData {
+  std::deque<std::vector<uint8_t>> store;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges; ///< [address, bytes)
 };
 
 Kernel::Kernel(std::unique_ptr<KernelImpl> impl) : impl_(std::move(impl)) {}
@@ -226,6 +235,8 @@ void decodeOpcode(const std::string &text, Inst &I) {
       I.uni = true;
     } else if (p == "global" && (base == "ld" || base == "st")) {
       I.space = Space::Global;
+    } else if (p == "nc" && base == "ld" && I.space == Space::Global) {
+      // Non-coherent (read-only cache) load: the same value here.
     } else if (p == "param" && base == "ld") {
       I.space = Space::Param;
     } else if ((p == "v2" || p == "v4") && (base == "ld" || base == "st")) {
@@ -600,6 +611,53 @@ struct Parser {
   size_t pos = 0;
   int line = 1;
   std::set<std::string> opcodes;
+  /// Initialized module-scope .global arrays: the data, and each symbol's
+  /// address (the host address of its bytes).
+  std::shared_ptr<ConstData> data = std::make_shared<ConstData>();
+  std::map<std::string, uint64_t> globals;
+
+  /// `.global .align N .b8 name[SIZE] = {b, b, ...};` (after `.global`):
+  /// constant tables (flashopt.table_lookup). Other data is refused.
+  void parseGlobalArray(int at) {
+    std::string w = word();
+    size_t align = 1;
+    if (w == ".align") {
+      align = size_t(std::stoul(word()));
+      w = word();
+    }
+    if (w != ".b8")
+      fail(at, ".global data of type " + w + " is not implemented (only .b8 arrays)");
+    std::string name = word();
+    if (name.empty() || !accept('['))
+      fail(at, ".global data must be an array");
+    size_t size = size_t(std::stoul(until(']')));
+    if (!accept('='))
+      fail(at, "uninitialized .global data is not implemented");
+    expect('{');
+    std::vector<uint8_t> bytes;
+    bytes.reserve(size + align);
+    for (std::string v : splitOperands(until('}'))) {
+      bool ok;
+      uint64_t b = parseImm(trim(v), at, &ok);
+      if (!ok || b > 255)
+        fail(at, "bad byte " + trim(v) + " in .global " + name);
+      bytes.push_back(uint8_t(b));
+    }
+    expect(';');
+    if (bytes.size() != size)
+      fail(at, ".global " + name + ": " + std::to_string(bytes.size()) +
+                   " initializers for " + std::to_string(size) + " bytes");
+    // Over-allocate so that the array can start at its alignment.
+    std::vector<uint8_t> store(size + align);
+    uintptr_t p = reinterpret_cast<uintptr_t>(store.data());
+    size_t skip = (align - p % align) % align;
+    std::memcpy(store.data() + skip, bytes.data(), size);
+    data->store.push_back(std::move(store));
+    uint64_t addr =
+        uint64_t(reinterpret_cast<uintptr_t>(data->store.back().data() + skip));
+    data->ranges.push_back({addr, uint64_t(size)});
+    globals[name] = addr;
+  }
 
   explicit Parser(const std::string &text) {
     src.reserve(text.size());
@@ -683,6 +741,8 @@ struct Parser {
       } else if (w == ".target") {
         *target = until('\n');
         ++line;
+      } else if (w == ".global") {
+        parseGlobalArray(at);
       } else if (w == ".visible" || w == ".entry") {
         std::string next = w == ".visible" ? word() : ".entry";
         if (next == ".global") {
@@ -706,6 +766,7 @@ struct Parser {
 
   std::unique_ptr<KernelImpl> parseEntry() {
     auto k = std::make_unique<KernelImpl>();
+    k->constData = data;
     k->name = word();
     expect('(');
     if (!accept(')')) {
@@ -947,6 +1008,11 @@ struct Parser {
     if (ok) {
       o.kind = Operand::Imm;
       o.imm = v;
+      return o;
+    }
+    if (auto g = globals.find(s); g != globals.end()) {
+      o.kind = Operand::Imm; // the array's address
+      o.imm = g->second;
       return o;
     }
     if (std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '$' ||
@@ -1553,6 +1619,10 @@ struct Executor {
          << " bytes at 0x" << std::hex << addr;
       fault(I, l, os.str());
     }
+    if (!write && k.constData)
+      for (auto [lo, size] : k.constData->ranges)
+        if (addr >= lo && addr + bytes <= lo + size)
+          return;
     if (check && !check(addr, bytes, write)) {
       std::ostringstream os;
       os << (write ? "store" : "load") << " of " << bytes << " bytes at 0x"

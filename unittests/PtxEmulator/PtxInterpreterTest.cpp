@@ -367,7 +367,7 @@ TEST_CASE("PTX interpreter: what it does not implement fails with the name "
   for (const char *line :
        {"div.full.f32 %r2, %r1, %r1;", "sqrt.approx.f32 %r2, %r1;",
         "div.approx.f32 %r2, %r1, %r1;", "bar.sync 0;",
-        "atom.global.add.u32 %r2, [%rd1], 1;", "ld.global.nc.b32 %r2, [%rd2];",
+        "atom.global.add.u32 %r2, [%rd1], 1;", "ld.global.lu.b32 %r2, [%rd2];",
         "fma.rn.sat.f32 %r2, %r1, %r1, %r1;", "ld.b32 %r2, [%rd2];",
         "mov.u32 %r2, %clock;", "prmt.b32.f4e %r2, %r1, %r1, 0;",
         "cvt.rn.f16.f64 %rs1, %rd1;"}) {
@@ -390,6 +390,55 @@ TEST_CASE("PTX interpreter: what it does not implement fails with the name "
   CHECK(implemented("max.NaN.f32"));
   CHECK(implemented("shfl.sync.bfly.b32"));
   CHECK_FALSE(implemented("shfl.bfly.b32"));
+}
+
+TEST_CASE("PTX interpreter: initialized .global arrays are read-only tables") {
+  // flashopt.table_lookup: an internal .b8 array, its address by `mov`,
+  // read through the read-only cache (ld.global.nc).
+  auto withTable = [](const std::string &body) {
+    std::string k = kernel(body);
+    std::string table = ".global .align 4 .b8 tbl[16] = {1, 0, 0, 0, 2, 0, 0, "
+                        "0, 3, 0, 0, 0, 4, 0, 0, 0};\n";
+    return k.insert(k.find(".visible"), table);
+  };
+  auto launchText = [](const std::string &text, std::vector<uint64_t> &out,
+                       std::string *err) {
+    auto m = Module::parse(text, err);
+    if (!m)
+      return false;
+    out.assign(64, 0);
+    std::vector<uint8_t> params(16);
+    uint64_t o = uint64_t(uintptr_t(out.data()));
+    std::memcpy(params.data(), &o, 8);
+    std::memcpy(params.data() + 8, &o, 8);
+    LaunchDims d;
+    d.block[0] = 32;
+    auto inside = [&](uint64_t a, uint64_t n, bool) {
+      uint64_t b = uint64_t(uintptr_t(out.data()));
+      return a >= b && a + n <= b + out.size() * 8;
+    };
+    return launch(*m->kernels()[0], d, params, inside, err);
+  };
+  std::vector<uint64_t> out;
+  std::string err;
+  const std::string addr = "\tand.b32 %r2, %r1, 3;\n\tmul.wide.u32 %rd3, %r2, 4;\n"
+                           "\tmov.b64 %rd4, tbl;\n\tadd.s64 %rd4, %rd4, %rd3;\n";
+  REQUIRE_MESSAGE(launchText(withTable(addr + "\tld.global.nc.b32 %r3, [%rd4];\n"
+                                              "\tst.global.b32 [%rd1], %r3;\n"),
+                             out, &err),
+                  err);
+  for (uint32_t l = 0; l < 32; ++l)
+    CHECK(uint32_t(out[l]) == (l & 3) + 1);
+  // Never written; nothing read past its end.
+  CHECK_FALSE(launchText(withTable(addr + "\tst.global.b32 [%rd4], %r1;\n"), out, &err));
+  CHECK(contains(err, "outside device memory"));
+  CHECK_FALSE(launchText(withTable(addr + "\tld.global.nc.b32 %r3, [%rd4+4];\n"), out, &err));
+  CHECK(contains(err, "outside device memory"));
+  // Only initialized .b8 arrays.
+  std::string k = kernel("");
+  CHECK_FALSE(launchText(k.insert(k.find(".visible"), ".global .align 4 .b32 x[4];\n"),
+                         out, &err));
+  CHECK(contains(err, "not implemented"));
 }
 
 TEST_CASE("PTX interpreter: f16/bf16 conversions agree with the runtime's "

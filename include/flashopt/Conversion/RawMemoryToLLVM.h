@@ -7,7 +7,9 @@
 /// \file
 /// Conversion patterns shared by the CPU and GPU conversions to LLVM: the
 /// address-based `flashopt.raw_load` / `flashopt.raw_store` become
-/// `llvm.inttoptr` + `llvm.getelementptr` + (masked) loads and stores.
+/// `llvm.inttoptr` + `llvm.getelementptr` + (masked) loads and stores, and
+/// `flashopt.table_lookup` becomes a constant global array and invariant
+/// loads.
 ///
 //===----------------------------------------------------------------------===//
 

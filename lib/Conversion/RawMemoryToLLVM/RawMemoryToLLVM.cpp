@@ -10,6 +10,9 @@
 #include "mlir/Conversion/LLVMCommon/Pattern.h"
 #include "mlir/Conversion/LLVMCommon/TypeConverter.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/Hashing.h"
+#include "llvm/Support/Format.h"
 
 using namespace mlir;
 using namespace mlir::flashopt;
@@ -115,6 +118,75 @@ struct RawStoreLowering : ConvertOpToLLVMPattern<RawStoreOp> {
   bool bf16AsInt;
 };
 
+/// `flashopt.table_lookup` → a constant global array (one per distinct
+/// table, in the enclosing module, in `addressSpace`) and, per lane, an
+/// invariant load of the entry the zero-extended code selects (on NVPTX an
+/// `ld.global.nc`, through the read-only cache).
+struct TableLookupLowering : ConvertOpToLLVMPattern<TableLookupOp> {
+  TableLookupLowering(const LLVMTypeConverter &c, unsigned as)
+      : ConvertOpToLLVMPattern<TableLookupOp>(c), addressSpace(as) {}
+
+  LogicalResult
+  matchAndRewrite(TableLookupOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rw) const override {
+    Location loc = op.getLoc();
+    Operation *symbols = op->getParentWithTrait<OpTrait::SymbolTable>();
+    auto table = dyn_cast<DenseElementsAttr>(op.getTable());
+    if (!symbols || !table)
+      return rw.notifyMatchFailure(op, "no symbol table or no dense table");
+    Type f32 = rw.getF32Type();
+    int64_t n = table.getNumElements();
+    auto arrayType = LLVM::LLVMArrayType::get(f32, unsigned(n));
+    // One global per table contents.
+    ArrayRef<char> raw = table.getRawData();
+    std::string name;
+    {
+      llvm::raw_string_ostream os(name);
+      os << "__flashopt_table_"
+         << llvm::format_hex_no_prefix(
+                uint64_t(llvm::hash_combine_range(raw.begin(), raw.end())), 16);
+    }
+    auto global = dyn_cast_or_null<LLVM::GlobalOp>(
+        SymbolTable::lookupSymbolIn(symbols, name));
+    if (!global) {
+      OpBuilder::InsertionGuard guard(rw);
+      rw.setInsertionPointToStart(&symbols->getRegion(0).front());
+      global = LLVM::GlobalOp::create(rw, loc, arrayType, /*isConstant=*/true,
+                                      LLVM::Linkage::Internal, name, table,
+                                      /*alignment=*/16, addressSpace);
+    }
+    Value base = LLVM::AddressOfOp::create(rw, loc, global);
+    auto ptrType = LLVM::LLVMPointerType::get(rw.getContext(), addressSpace);
+    Type i32 = rw.getI32Type();
+    auto read = [&](Value code) -> Value {
+      Value idx = LLVM::ZExtOp::create(rw, loc, i32, code);
+      Value ptr = LLVM::GEPOp::create(rw, loc, ptrType, f32, base,
+                                      ArrayRef<LLVM::GEPArg>{idx},
+                                      LLVM::GEPNoWrapFlags::inbounds);
+      return LLVM::LoadOp::create(rw, loc, f32, ptr, /*alignment=*/4,
+                                  /*isVolatile=*/false, /*isNonTemporal=*/false,
+                                  /*isInvariant=*/true);
+    };
+    Value index = adaptor.getIndex();
+    auto vt = dyn_cast<VectorType>(index.getType());
+    if (!vt) {
+      rw.replaceOp(op, read(index));
+      return success();
+    }
+    Type resultType = getTypeConverter()->convertType(op.getType());
+    Value out = LLVM::PoisonOp::create(rw, loc, resultType);
+    for (int64_t i = 0; i < vt.getNumElements(); ++i) {
+      Value pos = LLVM::ConstantOp::create(rw, loc, i32, rw.getI32IntegerAttr(int32_t(i)));
+      Value code = LLVM::ExtractElementOp::create(rw, loc, index, pos);
+      out = LLVM::InsertElementOp::create(rw, loc, out, read(code), pos);
+    }
+    rw.replaceOp(op, out);
+    return success();
+  }
+
+  unsigned addressSpace;
+};
+
 } // namespace
 
 void mlir::flashopt::populateRawMemoryToLLVMPatterns(
@@ -122,4 +194,5 @@ void mlir::flashopt::populateRawMemoryToLLVMPatterns(
     unsigned addressSpace, bool bf16AsInt) {
   patterns.add<RawLoadLowering, RawStoreLowering>(converter, addressSpace,
                                                   bf16AsInt);
+  patterns.add<TableLookupLowering>(converter, addressSpace);
 }

@@ -37,3 +37,19 @@ func.func @f(%base: i64, %i: index, %v: index) {
   flashopt.raw_store %v, %base[%i] : index
   return
 }
+
+// -----
+
+func.func @short_table(%k: i8) -> f32 {
+  // expected-error @+1 {{needs a table of 2^8 = 256 entries for a 8-bit index, got 'tensor<255xf32>'}}
+  %v = flashopt.table_lookup %k {table = dense<1.0> : tensor<255xf32>} : i8 -> f32
+  return %v : f32
+}
+
+// -----
+
+func.func @table_type(%k: vector<4xi8>) -> vector<4xf32> {
+  // expected-error @+1 {{table elements 'f16' differ from the result type 'vector<4xf32>'}}
+  %v = flashopt.table_lookup %k {table = dense<1.0> : tensor<256xf16>} : vector<4xi8> -> vector<4xf32>
+  return %v : vector<4xf32>
+}

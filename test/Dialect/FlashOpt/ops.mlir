@@ -92,3 +92,14 @@ flashopt.optimizer @with_accumulator param(#flashopt.master<bf16>) grad(bf16) ac
     flashopt.yield %theta : f32
   }
 }
+
+// -----
+
+// CHECK-LABEL: func.func @table
+func.func @table(%k: i8, %v: vector<8xi8>) -> (f32, vector<8xf32>) {
+  // CHECK: flashopt.table_lookup %{{.*}} {table = dense<2.500000e-01> : tensor<256xf32>} : i8 -> f32
+  %a = flashopt.table_lookup %k {table = dense<0.25> : tensor<256xf32>} : i8 -> f32
+  // CHECK: flashopt.table_lookup %{{.*}} {table = dense<2.500000e-01> : tensor<256xf32>} : vector<8xi8> -> vector<8xf32>
+  %b = flashopt.table_lookup %v {table = dense<0.25> : tensor<256xf32>} : vector<8xi8> -> vector<8xf32>
+  return %a, %b : f32, vector<8xf32>
+}

@@ -15,6 +15,7 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/TypeUtilities.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSet.h"
@@ -491,6 +492,23 @@ LogicalResult RawLoadOp::verify() {
 LogicalResult RawStoreOp::verify() {
   return verifyRawAccess(*this, getValue().getType(), getMask(),
                          getAlignment());
+}
+
+LogicalResult TableLookupOp::verify() {
+  Type index = getElementTypeOrSelf(getIndex().getType());
+  unsigned bits = index.getIntOrFloatBitWidth();
+  auto table = dyn_cast<ShapedType>(getTable().getShapedType());
+  if (!table || table.getRank() != 1 ||
+      table.getDimSize(0) != (int64_t(1) << bits))
+    return emitOpError() << "needs a table of 2^" << bits << " = "
+                         << (int64_t(1) << bits)
+                         << " entries for a " << bits << "-bit index, got "
+                         << getTable().getShapedType();
+  if (table.getElementType() != getElementTypeOrSelf(getResult().getType()))
+    return emitOpError() << "table elements " << table.getElementType()
+                         << " differ from the result type "
+                         << getResult().getType();
+  return success();
 }
 
 #define GET_OP_CLASSES

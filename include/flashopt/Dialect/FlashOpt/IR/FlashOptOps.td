@@ -19,6 +19,7 @@ include "mlir/IR/RegionKindInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/ControlFlowInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/IR/CommonTypeConstraints.td"
 
 //===----------------------------------------------------------------------===//
 // Optimizer description
@@ -322,6 +323,28 @@ def FlashOpt_GroupMaxOp : FlashOpt_Op<"group_max", [Pure, SameOperandsAndResultT
   let arguments = (ins F32:$value);
   let results = (outs F32:$result);
   let assemblyFormat = "$value attr-dict `:` type($value)";
+}
+
+def FlashOpt_TableLookupOp : FlashOpt_Op<"table_lookup", [
+    Pure, ElementwiseMappable, SameOperandsAndResultShape]> {
+  let summary = "A float function of a narrow integer, read from a constant table";
+  let description = [{
+    `table[zext(index)]`: the bit pattern of an 8-bit index selects one of
+    the table's 256 floats. It stands for a
+    computation that depends only on an 8-bit code and constants, folded at
+    compile time for every code (flashopt-decode-tables), so it is
+    bit-identical to that computation by construction. Elementwise: a vector
+    of codes gives a vector of values.
+
+    ```mlir
+    %v = flashopt.table_lookup %code {table = dense<[...]> : tensor<256xf32>} : i8 -> f32
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[I8, VectorOfRankAndType<[1], [I8]>]>:$index,
+                       ElementsAttr:$table);
+  let results = (outs AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$result);
+  let assemblyFormat = "$index attr-dict `:` type($index) `->` type($result)";
+  let hasVerifier = 1;
 }
 
 //===----------------------------------------------------------------------===//

@@ -51,6 +51,31 @@ def FlashOptExpandEncodings : Pass<"flashopt-expand-encodings", "::mlir::ModuleO
   let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
 }
 
+def FlashOptDecodeTables : Pass<"flashopt-decode-tables", "::mlir::ModuleOp"> {
+  let summary = "Functions of an 8-bit code that divide or take a root become a 256-entry table";
+  let description = [{
+    Decoding a quantized state computes a float from its 8-bit code and
+    constants alone: softsign momentum `t / (2 - |t|)` with `t = k / 127`,
+    the square-root-companded variance `(k / 255)^2`, the correction term's
+    `k / 127`. Inside a `flashopt.group_body`, every float value that depends
+    only on one 8-bit `flashopt.load_element` and constants, whose
+    computation contains an `arith.divf` or `math.sqrt`, and that is used by
+    something depending on more than the code, is replaced by
+    `flashopt.table_lookup` of the code. The table is the computation itself
+    evaluated for all 256 codes by the operations' own constant folders
+    (IEEE binary32, round to nearest even: MLIR's `arith`/`math` folders), so
+    the result is bit-identical by construction; the conformance tests hold
+    every kernel to the scalar reference, which still computes. A value whose
+    computation does not fold for every code is left alone.
+
+    Run after flashopt-fast-arithmetic (a fast kernel's table holds what it
+    computes) and before flashopt-exact-int-division. The GPU pipeline runs
+    it: a table read costs an address and one cached load where the softsign
+    decode costs two IEEE divisions.
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect"];
+}
+
 def FlashOptExactIntDivision : Pass<"flashopt-exact-int-division", "::mlir::ModuleOp"> {
   let summary = "Correctly rounded division of small integers by constants, without a divide";
   let description = [{
