@@ -29,6 +29,10 @@ void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma) {
   // Fast kernels (docs/NUMERICS.md §7) on every flavour: the FMAs are part of
   // their arithmetic (a baseline x86-64 kernel calls fmaf).
   pm.addPass(createFlashOptFastArithmetic());
+  // No flashopt-decode-tables here: on the AVX-512 EPYC of
+  // docs/PERFORMANCE.md the tables' gathers made AdamW-24 slower (390 ->
+  // 318 Mparams/s on one core, SGD-24 642 -> 542) than the divisions they
+  // replace.
   if (fma) {
     pm.addPass(createFlashOptExactIntDivision());
     pm.addPass(createFlashOptExactGroupDivision());

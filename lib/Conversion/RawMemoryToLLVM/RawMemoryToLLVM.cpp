@@ -121,7 +121,8 @@ struct RawStoreLowering : ConvertOpToLLVMPattern<RawStoreOp> {
 /// `flashopt.table_lookup` → a constant global array (one per distinct
 /// table, in the enclosing module, in `addressSpace`) and, per lane, an
 /// invariant load of the entry the zero-extended code selects (on NVPTX an
-/// `ld.global.nc`, through the read-only cache).
+/// `ld.global.nc`, through the read-only cache); on the host (address space
+/// 0) a vector of codes is one masked gather with every lane on.
 struct TableLookupLowering : ConvertOpToLLVMPattern<TableLookupOp> {
   TableLookupLowering(const LLVMTypeConverter &c, unsigned as)
       : ConvertOpToLLVMPattern<TableLookupOp>(c), addressSpace(as) {}
@@ -174,6 +175,26 @@ struct TableLookupLowering : ConvertOpToLLVMPattern<TableLookupOp> {
       return success();
     }
     Type resultType = getTypeConverter()->convertType(op.getType());
+    if (addressSpace == 0) {
+      // The host: one gather (vpgatherdd on AVX2/AVX-512, scalarized by
+      // LLVM elsewhere).
+      int64_t lanes = vt.getNumElements();
+      Value idx = LLVM::ZExtOp::create(rw, loc, VectorType::get({lanes}, i32),
+                                       index);
+      auto ptrsType = VectorType::get({lanes}, ptrType);
+      Value ptrs = LLVM::GEPOp::create(rw, loc, ptrsType, f32, base,
+                                       ArrayRef<LLVM::GEPArg>{idx},
+                                       LLVM::GEPNoWrapFlags::inbounds);
+      Value all = LLVM::ConstantOp::create(
+          rw, loc, VectorType::get({lanes}, rw.getI1Type()),
+          DenseElementsAttr::get(VectorType::get({lanes}, rw.getI1Type()),
+                                 true));
+      Value none = LLVM::PoisonOp::create(rw, loc, resultType);
+      rw.replaceOp(op, LLVM::masked_gather::create(
+                           rw, loc, resultType, ptrs, all, ValueRange{none},
+                           rw.getI32IntegerAttr(4)));
+      return success();
+    }
     Value out = LLVM::PoisonOp::create(rw, loc, resultType);
     for (int64_t i = 0; i < vt.getNumElements(); ++i) {
       Value pos = LLVM::ConstantOp::create(rw, loc, i32, rw.getI32IntegerAttr(int32_t(i)));
