@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -164,6 +165,21 @@ void fillBuffer(std::mt19937 &rng, const json &buf, void *data, int64_t count,
                                     : std::pow(10.0f, -4.0f * u(rng));
       } else {
         v = interestingValue(rng, name == "param" ? 1.0 : 0.1);
+        if (name == "param") {
+          // The top of the bf16 range (exponent fields 253, 254), where
+          // the master weight's correction scaling is at its limits, and
+          // infinities (field 255).
+          std::uniform_int_distribution<int> top(0, 39);
+          std::uniform_real_distribution<float> u(1.0f, 1.99f);
+          int t = top(rng);
+          float sign = (t & 1) ? -1.0f : 1.0f;
+          if (t < 2)
+            v = sign * u(rng) * 0x1p126f;
+          else if (t < 4)
+            v = sign * u(rng) * 0x1p127f;
+          else if (t < 5)
+            v = sign * std::numeric_limits<float>::infinity();
+        }
         if (positiveState)
           v = std::fabs(v);
       }

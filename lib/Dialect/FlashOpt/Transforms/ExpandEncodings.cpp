@@ -88,14 +88,42 @@ public:
     return arith::MulFOp::create(b, loc, first, pow2(rest));
   }
 
+  /// 2^(F' - 127) with F' the exponent field of a bf16 or f16 value clamped
+  /// to [1, 254] (bf16) or [1, 31] (f16), as an f32 built from bits: the
+  /// field moved to the f32 exponent's place, so no shift back and forth
+  /// through a small integer (docs/NUMERICS.md §1, "in fewer operations").
+  Value fieldPow2(Value narrowValue) {
+    Type p = narrowValue.getType();
+    bool bf = p.isBF16();
+    Value bits16 = arith::BitcastOp::create(b, loc, b.getI16Type(), narrowValue);
+    Value bits = arith::ExtUIOp::create(b, loc, b.getI32Type(), bits16);
+    // F << 23: bf16's field is bits 7..14, f16's bits 10..14.
+    Value field = arith::AndIOp::create(b, loc, bits, i32(bf ? 0x7F80 : 0x7C00));
+    Value at23 = arith::ShLIOp::create(b, loc, field, i32(bf ? 16 : 13));
+    Value lo = arith::MaxUIOp::create(b, loc, at23, i32(1 << 23));
+    Value f = bf ? arith::MinUIOp::create(b, loc, lo, i32(254 << 23)).getResult()
+                 : lo;
+    return arith::BitcastOp::create(b, loc, b.getF32Type(), f);
+  }
+
   /// Decode (θ', ρ) → θ (docs/NUMERICS.md §1).
   Value decodeMaster(Value narrowValue, Value rho) {
     int64_t n = rho.getType().getIntOrFloatBitWidth() == 8 ? 127 : 32767;
     Value r = widen(narrowValue);
-    Value ell = scaleExponent(narrowValue);
     Value rhoF = arith::SIToFPOp::create(b, loc, b.getF32Type(), rho);
     Value c = arith::DivFOp::create(b, loc, rhoF, f32(n));
-    Value e = scaleByPow2(c, ell);
+    // e = c * 2^ℓ, ℓ = F' - 135 for bf16: (c * 2^-8) * 2^(F' - 127), the
+    // first step exact, so the same bits as §1's two-step scaling (proof
+    // there); c * 2^-8 is a function of the code alone (a GPU table folds
+    // it in). f16 keeps §1's form: the one-step one made adamw_f16_m24 spill
+    // 4 bytes on sm_100 (ptxas 13, 64 registers).
+    Value e;
+    if (narrowValue.getType().isBF16()) {
+      Value c8 = arith::MulFOp::create(b, loc, c, f32(1.0 / 256.0));
+      e = arith::MulFOp::create(b, loc, c8, fieldPow2(narrowValue));
+    } else {
+      e = scaleByPow2(c, scaleExponent(narrowValue));
+    }
     return arith::AddFOp::create(b, loc, r, e);
   }
 
@@ -106,9 +134,24 @@ public:
     Value narrowValue = narrow(theta, paramType);
     Value r = widen(narrowValue);
     Value e = arith::SubFOp::create(b, loc, theta, r);
-    Value ell = scaleExponent(narrowValue);
-    Value a = arith::SubIOp::create(b, loc, i32(0), ell);
-    Value en = scaleByPow2(e, a);
+    // en = e * 2^-ℓ, exact: bf16 (e * 2^(128 - F')) * 2^7, f16
+    // e * 2^(26 - F') (docs/NUMERICS.md §1). 2^(128 - F') is
+    // 0x7F800000 - (F' << 23) in bits; 2^(26 - F') is (153 - F') << 23.
+    Value en;
+    if (paramType.isBF16()) {
+      Value f = arith::BitcastOp::create(b, loc, b.getI32Type(),
+                                         fieldPow2(narrowValue));
+      Value inv = arith::SubIOp::create(b, loc, i32(0x7F800000), f);
+      Value s = arith::BitcastOp::create(b, loc, b.getF32Type(), inv);
+      Value scaled = arith::MulFOp::create(b, loc, e, s);
+      en = arith::MulFOp::create(b, loc, scaled, f32(128.0));
+    } else {
+      Value f = arith::BitcastOp::create(b, loc, b.getI32Type(),
+                                         fieldPow2(narrowValue));
+      Value inv = arith::SubIOp::create(b, loc, i32(153 << 23), f);
+      en = arith::MulFOp::create(
+          b, loc, e, arith::BitcastOp::create(b, loc, b.getF32Type(), inv));
+    }
     Value lo = arith::MaximumFOp::create(b, loc, en, f32(-1.0));
     Value ec = arith::MinimumFOp::create(b, loc, lo, f32(1.0));
     Value s = arith::MulFOp::create(b, loc, ec, f32(n));

@@ -43,26 +43,33 @@ flashopt.optimizer @sgd_f32 param(#flashopt.master<f32>) grad(f32) {
 
 // -----
 
-// bf16 + i8 correction: decode from the exponent bits (scale exponent ℓ,
-// ρ/127, exact power-of-two scaling), encode with RTNE narrowing and round
-// half away from zero.
+// bf16 + i8 correction: decode ρ/127 * 2^-8 times 2^(F' - 127) built from
+// the exponent field (F' = clamp(F, 1, 254), moved to the f32 exponent's
+// place), encode the residual times 2^(128 - F') (0x7F800000 - (F' << 23))
+// and 2^7, with RTNE narrowing and round half away from zero
+// (docs/NUMERICS.md §1).
 // CHECK-LABEL: flashopt.kernel @ecc
 // CHECK-SAME: #flashopt.buffer<"param", bf16, element, readwrite>, #flashopt.buffer<"correction", i8, element, readwrite>, #flashopt.buffer<"grad", bf16, element, read>
 // CHECK: %[[P:.*]] = flashopt.load_element 0 : bf16
 // CHECK: %[[R:.*]] = flashopt.load_element 1 : i8
 // CHECK: arith.extf %[[P]] : bf16 to f32
-// CHECK: arith.bitcast %[[P]] : bf16 to i16
-// CHECK: arith.constant 32767 : i16
-// CHECK: arith.shrui {{.*}} : i16
-// CHECK: arith.constant 135 : i32
-// CHECK: arith.constant -134 : i32
 // CHECK: arith.sitofp %[[R]] : i8 to f32
 // CHECK: arith.constant 1.270000e+02 : f32
-// CHECK: arith.divf
-// CHECK: arith.shrsi
+// CHECK: %[[C:.*]] = arith.divf
+// CHECK: %[[C8:.*]] = arith.mulf %[[C]], %{{.*}} : f32
+// CHECK: arith.bitcast %[[P]] : bf16 to i16
+// CHECK: arith.constant 32640 : i32
 // CHECK: arith.shli {{.*}} : i32
-// CHECK: arith.bitcast {{.*}} : i32 to f32
+// CHECK: arith.constant 8388608 : i32
+// CHECK: arith.maxui
+// CHECK: arith.constant 2130706432 : i32
+// CHECK: arith.minui
+// CHECK: %[[S:.*]] = arith.bitcast {{.*}} : i32 to f32
+// CHECK: arith.mulf %[[C8]], %[[S]] : f32
 // CHECK: %[[NEW:.*]] = arith.truncf {{.*}} : f32 to bf16
+// CHECK: arith.constant 2139095040 : i32
+// CHECK: arith.subi
+// CHECK: arith.constant 1.280000e+02 : f32
 // CHECK: arith.maximumf
 // CHECK: arith.minimumf
 // CHECK: math.floor
