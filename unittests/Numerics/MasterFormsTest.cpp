@@ -63,18 +63,19 @@ float decodeBf16Kernel(uint16_t narrow, int32_t rho, DType c) {
   return r + e;
 }
 
-/// The kernels' encode: bf16 (e * 2^(128 - F')) * 2^7, f16 e * 2^(26 - F');
-/// the rest as §1.
+/// The kernels' encode: bf16 clamp((e * 2^(128 - F')) * (2^7 N), -N, N),
+/// f16 clamp(e * 2^(26 - F'), -1, 1) * N; the rounding as §1.
 void encodeKernel(float theta, DType p, DType c, uint16_t *narrowOut,
                   int32_t *rhoOut) {
   uint16_t nb = narrowBits(p, theta);
   float r = widenBits(p, nb);
   float e = theta - r;
   uint32_t f = fieldAt23(nb, p);
-  float en = p == DType::BF16 ? (e * fromBits(0x7F800000u - f)) * 128.0f
-                              : e * fromBits((153u << 23) - f);
-  float ec = minimumf(maximumf(en, -1.0f), 1.0f);
-  float s = ec * float(correctionMax(c));
+  float n = float(correctionMax(c));
+  // bf16: clamp(en, -1, 1) * N as clamp(en * N, -N, N), with the 2^7 in N.
+  float s = p == DType::BF16
+                ? minimumf(maximumf((e * fromBits(0x7F800000u - f)) * (128.0f * n), -n), n)
+                : minimumf(maximumf(e * fromBits((153u << 23) - f), -1.0f), 1.0f) * n;
   float rho = std::isnan(s) ? 0.0f : std::copysign(std::floor(std::fabs(s) + 0.5f), s);
   *narrowOut = nb;
   *rhoOut = int32_t(rho);

@@ -46,8 +46,8 @@ flashopt.optimizer @sgd_f32 param(#flashopt.master<f32>) grad(f32) {
 // bf16 + i8 correction: decode ρ/127 * 2^-8 times 2^(F' - 127) built from
 // the exponent field (F' = clamp(F, 1, 254), moved to the f32 exponent's
 // place), encode the residual times 2^(128 - F') (0x7F800000 - (F' << 23))
-// and 2^7, with RTNE narrowing and round half away from zero
-// (docs/NUMERICS.md §1).
+// and 2^7 N clamped to [-N, N], with RTNE narrowing and round half away from
+// zero (docs/NUMERICS.md §1).
 // CHECK-LABEL: flashopt.kernel @ecc
 // CHECK-SAME: #flashopt.buffer<"param", bf16, element, readwrite>, #flashopt.buffer<"correction", i8, element, readwrite>, #flashopt.buffer<"grad", bf16, element, read>
 // CHECK: %[[P:.*]] = flashopt.load_element 0 : bf16
@@ -69,8 +69,10 @@ flashopt.optimizer @sgd_f32 param(#flashopt.master<f32>) grad(f32) {
 // CHECK: %[[NEW:.*]] = arith.truncf {{.*}} : f32 to bf16
 // CHECK: arith.constant 2139095040 : i32
 // CHECK: arith.subi
-// CHECK: arith.constant 1.280000e+02 : f32
+// CHECK: arith.constant 1.625600e+04 : f32
+// CHECK: arith.constant -1.270000e+02 : f32
 // CHECK: arith.maximumf
+// CHECK: arith.constant 1.270000e+02 : f32
 // CHECK: arith.minimumf
 // CHECK: math.floor
 // CHECK: math.copysign
