@@ -88,6 +88,13 @@ void emitPrologue(OpBuilder &b, KernelOp kernel, Value hyperBase, Value step,
 LogicalResult emitGroupBody(OpBuilder &b, KernelOp kernel,
                             const GroupBodyEnv &env, const IRMapping &mapping);
 
+/// The bodies of several groups (one environment each) at one insertion
+/// point, interleaved operation by operation: independent dependency chains
+/// side by side for an out-of-order core.
+LogicalResult emitGroupBodies(OpBuilder &b, KernelOp kernel,
+                              ArrayRef<GroupBodyEnv> envs,
+                              const IRMapping &mapping);
+
 /// Emits `flashopt.raw_load` of an i64 at `base[index]` (index type).
 Value loadI64(OpBuilder &b, Location loc, Value base, Value index);
 

@@ -51,7 +51,9 @@ namespace mlir::flashopt {
 /// (flashopt-expand-encodings, flashopt-to-cpu, then buildCPULLVMPipeline).
 /// `fma`: the target CPU has a hardware fused multiply-add, so
 /// flashopt-exact-int-division runs (x86-64-v3: yes; baseline x86-64: no).
-void buildCPUPipeline(OpPassManager &pm, bool fma = true);
+/// `interleave`: full groups per loop iteration (flashopt-to-cpu{interleave}).
+void buildCPUPipeline(OpPassManager &pm, bool fma = true,
+                      int64_t interleave = 1);
 
 /// Adds the part of the CPU pipeline after flashopt-to-cpu: cleanup,
 /// scf → cf, bf16 expansion, flashopt-convert-to-llvm.

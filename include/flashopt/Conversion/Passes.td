@@ -19,7 +19,10 @@ def FlashOptToCPU : Pass<"flashopt-to-cpu", "::mlir::ModuleOp"> {
     and runs the group body once per group with every value a
     `vector<G x T>` (G = group size): full groups unmasked, the partial last
     group of a tensor with masked loads and stores. `flashopt.group_max`
-    becomes a `vector.reduction <maximumf>`. Memory is accessed with
+    becomes a `vector.reduction <maximumf>`. With `interleave=N`, runs of N
+    full groups share one loop iteration, their bodies interleaved operation
+    by operation (independent dependency chains side by side for an
+    out-of-order core); the remaining groups take the one-group loop. Memory is accessed with
     `flashopt.raw_load` / `flashopt.raw_store` on the table's addresses.
 
     ```mlir
@@ -35,6 +38,10 @@ def FlashOptToCPU : Pass<"flashopt-to-cpu", "::mlir::ModuleOp"> {
   }];
   let dependentDialects = ["::mlir::func::FuncDialect", "::mlir::scf::SCFDialect",
                            "::mlir::vector::VectorDialect", "::mlir::arith::ArithDialect"];
+  let options = [
+    Option<"interleave", "interleave", "int64_t", /*default=*/"1",
+           "Full groups per loop iteration, their bodies interleaved (>= 1)">,
+  ];
 }
 
 def FlashOptConvertToLLVM : Pass<"flashopt-convert-to-llvm", "::mlir::ModuleOp"> {

@@ -7,7 +7,8 @@
 /// \file
 /// Lowers each `flashopt.kernel` to a host function with the kernel ABI of
 /// docs/KERNEL-ABI.md. A group is one vector of G lanes; the partial last
-/// group of a tensor takes the masked path.
+/// group of a tensor takes the masked path; with interleave=N, runs of N full
+/// groups share an iteration.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -30,7 +31,7 @@ using namespace mlir::flashopt;
 
 namespace {
 
-LogicalResult lowerKernel(KernelOp kernel) {
+LogicalResult lowerKernel(KernelOp kernel, int64_t interleave) {
   OpBuilder b(kernel);
   Location loc = kernel.getLoc();
   Type i64 = b.getI64Type();
@@ -103,7 +104,41 @@ LogicalResult lowerKernel(KernelOp kernel) {
     Value hiLocal = arith::SubIOp::create(ib, loc, hi, first);
     Value loIdx = arith::IndexCastOp::create(ib, loc, idx, loLocal);
     Value hiIdx = arith::IndexCastOp::create(ib, loc, idx, hiLocal);
-    auto groupLoop = scf::ForOp::create(ib, loc, loIdx, hiIdx, cIdx(ib, 1));
+    LogicalResult result = success();
+    Value from = loIdx;
+    if (interleave > 1) {
+      // Runs of `interleave` full groups: [lo, runEnd), one run per
+      // iteration, every body unmasked.
+      Value fullGroups = arith::DivUIOp::create(ib, loc, numelIdx,
+                                                cIdx(ib, groupSize));
+      Value hiFull = arith::MinSIOp::create(ib, loc, hiIdx, fullGroups);
+      Value span = arith::MaxSIOp::create(
+          ib, loc, arith::SubIOp::create(ib, loc, hiFull, loIdx), zero);
+      Value runs =
+          arith::DivUIOp::create(ib, loc, span, cIdx(ib, interleave));
+      Value runEnd = arith::AddIOp::create(
+          ib, loc, loIdx,
+          arith::MulIOp::create(ib, loc, runs, cIdx(ib, interleave)));
+      auto runLoop =
+          scf::ForOp::create(ib, loc, loIdx, runEnd, cIdx(ib, interleave));
+      OpBuilder rb = OpBuilder::atBlockBegin(runLoop.getBody());
+      SmallVector<GroupBodyEnv> envs;
+      for (int64_t k = 0; k < interleave; ++k) {
+        GroupBodyEnv groupEnv = env;
+        groupEnv.predication = Predication::None;
+        groupEnv.groupIndex = arith::AddIOp::create(
+            rb, loc, runLoop.getInductionVar(), cIdx(rb, k));
+        groupEnv.elementIndex = arith::MulIOp::create(
+            rb, loc, groupEnv.groupIndex, cIdx(rb, groupSize));
+        envs.push_back(groupEnv);
+      }
+      if (failed(emitGroupBodies(rb, kernel, envs, mapping)))
+        return failure();
+      from = runEnd;
+    }
+    // One group per iteration: the rest of the full groups, then the
+    // partial last group of the tensor (masked).
+    auto groupLoop = scf::ForOp::create(ib, loc, from, hiIdx, cIdx(ib, 1));
     OpBuilder gb = OpBuilder::atBlockBegin(groupLoop.getBody());
     Value g = groupLoop.getInductionVar();
     Value elem = arith::MulIOp::create(gb, loc, g, cIdx(gb, groupSize));
@@ -112,7 +147,6 @@ LogicalResult lowerKernel(KernelOp kernel) {
     Value end = arith::AddIOp::create(gb, loc, elem, cIdx(gb, groupSize));
     Value full = arith::CmpIOp::create(gb, loc, arith::CmpIPredicate::sle, end,
                                        numelIdx);
-    LogicalResult result = success();
     scf::IfOp::create(
         gb, loc, full,
         [&](OpBuilder &tb, Location l) {
@@ -139,11 +173,18 @@ LogicalResult lowerKernel(KernelOp kernel) {
 
 struct FlashOptToCPUPass
     : mlir::flashopt::impl::FlashOptToCPUBase<FlashOptToCPUPass> {
+  using Base::Base;
   void runOnOperation() override {
+    if (interleave < 1) {
+      mlir::emitError(getOperation().getLoc())
+          << "flashopt-to-cpu: interleave must be >= 1, got "
+          << static_cast<int64_t>(interleave);
+      return signalPassFailure();
+    }
     SmallVector<KernelOp> kernels;
     getOperation().walk([&](KernelOp k) { kernels.push_back(k); });
     for (KernelOp k : kernels)
-      if (failed(lowerKernel(k)))
+      if (failed(lowerKernel(k, interleave)))
         return signalPassFailure();
   }
 };

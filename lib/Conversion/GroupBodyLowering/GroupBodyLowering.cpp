@@ -22,6 +22,8 @@
 #include "llvm/ADT/DenseSet.h"
 
 #include <cmath>
+#include <memory>
+#include <vector>
 
 using namespace mlir;
 using namespace mlir::flashopt;
@@ -193,67 +195,73 @@ public:
                    const IRMapping &prologue)
       : b(b), kernel(kernel), env(env), prologue(prologue) {}
 
-  LogicalResult run(GroupBodyOp body) {
-    Location loc = body.getLoc();
-    Block &block = body.getBody().front();
+  /// Analyzes the body and sets up the predicates; the first step of a
+  /// lowering.
+  LogicalResult prepare(Block &block, Location loc) {
     if (failed(analyze(block)))
       return failure();
     setUpPredicates(loc);
-
-    // Loads first: every per-element load is one full-width access.
-    for (Operation &op : block)
-      if (auto load = dyn_cast<LoadElementOp>(op))
-        vectors[load.getResult()] =
-            loadElements(loc, load.getBuffer(), load.getType());
-
-    for (int64_t p = 0; p <= maxPhase; ++p) {
-      // Uniform code of this phase (group loads and stores, scalars derived
-      // from the previous phase's group maxima).
-      for (Operation &op : block)
-        if (phaseOf(&op) == p && isUniformOp(&op))
-          if (failed(emitUniform(op)))
-            return failure();
-      // Varying code, and this worker's part of the group maxima.
-      llvm::DenseMap<Value, Value> partialMax;
-      for (Operation &op : block) {
-        if (auto gmax = dyn_cast<GroupMaxOp>(op)) {
-          if (varying.count(gmax.getValue()) &&
-              phaseOf(gmax.getValue()) == p)
-            partialMax[gmax.getResult()] = localMax(loc, gmax.getValue());
-          continue;
-        }
-        if (phaseOf(&op) != p || isUniformOp(&op) ||
-            isa<LoadElementOp, StoreElementOp>(op))
-          continue;
-        emitVarying(op);
-      }
-      // Stores of this phase: full-width accesses.
-      for (Operation &op : block)
-        if (auto store = dyn_cast<StoreElementOp>(op))
-          if (phaseOf(&op) == p)
-            storeElements(loc, store.getBuffer(),
-                          vectorOf(loc, store.getValue()));
-      // Finish the group maxima of this phase across workers.
-      for (Operation &op : block)
-        if (auto gmax = dyn_cast<GroupMaxOp>(op)) {
-          if (phaseOf(gmax.getValue()) != p || !varying.count(gmax.getValue()))
-            continue;
-          Value v = partialMax.lookup(gmax.getResult());
-          if (env.combineAcrossWorkers) {
-            // Absolute values combine as the unsigned max of their bits, as
-            // in localMax, so every target agrees on NaN payloads too.
-            if (gmax.getValue().getDefiningOp<math::AbsFOp>()) {
-              Value bits = arith::BitcastOp::create(b, loc, b.getI32Type(), v);
-              bits = env.combineAcrossWorkers(b, loc, bits);
-              v = arith::BitcastOp::create(b, loc, b.getF32Type(), bits);
-            } else {
-              v = env.combineAcrossWorkers(b, loc, v);
-            }
-          }
-          scalars[gmax.getResult()] = v;
-        }
-    }
     return success();
+  }
+
+  int64_t numPhases() const { return maxPhase + 1; }
+
+  /// Loads first: every per-element load is one full-width access.
+  void emitLoad(Operation &op) {
+    if (auto load = dyn_cast<LoadElementOp>(op))
+      vectors[load.getResult()] =
+          loadElements(load.getLoc(), load.getBuffer(), load.getType());
+  }
+
+  /// Uniform code of phase `p` (group loads and stores, scalars derived
+  /// from the previous phase's group maxima).
+  LogicalResult emitUniformStep(Operation &op, int64_t p) {
+    if (phaseOf(&op) == p && isUniformOp(&op))
+      return emitUniform(op);
+    return success();
+  }
+
+  /// Varying code of phase `p`, and this worker's part of the group maxima.
+  void emitVaryingStep(Operation &op, int64_t p) {
+    if (auto gmax = dyn_cast<GroupMaxOp>(op)) {
+      if (varying.count(gmax.getValue()) && phaseOf(gmax.getValue()) == p)
+        partialMax[gmax.getResult()] = localMax(op.getLoc(), gmax.getValue());
+      return;
+    }
+    if (phaseOf(&op) != p || isUniformOp(&op) ||
+        isa<LoadElementOp, StoreElementOp>(op))
+      return;
+    emitVarying(op);
+  }
+
+  /// Stores of phase `p`: full-width accesses.
+  void emitStoreStep(Operation &op, int64_t p) {
+    if (auto store = dyn_cast<StoreElementOp>(op))
+      if (phaseOf(&op) == p)
+        storeElements(op.getLoc(), store.getBuffer(),
+                      vectorOf(op.getLoc(), store.getValue()));
+  }
+
+  /// Finishes the group maxima of phase `p` across workers.
+  void emitMaxStep(Operation &op, int64_t p) {
+    auto gmax = dyn_cast<GroupMaxOp>(op);
+    if (!gmax || phaseOf(gmax.getValue()) != p ||
+        !varying.count(gmax.getValue()))
+      return;
+    Location loc = op.getLoc();
+    Value v = partialMax.lookup(gmax.getResult());
+    if (env.combineAcrossWorkers) {
+      // Absolute values combine as the unsigned max of their bits, as in
+      // localMax, so every target agrees on NaN payloads too.
+      if (gmax.getValue().getDefiningOp<math::AbsFOp>()) {
+        Value bits = arith::BitcastOp::create(b, loc, b.getI32Type(), v);
+        bits = env.combineAcrossWorkers(b, loc, bits);
+        v = arith::BitcastOp::create(b, loc, b.getF32Type(), bits);
+      } else {
+        v = env.combineAcrossWorkers(b, loc, v);
+      }
+    }
+    scalars[gmax.getResult()] = v;
   }
 
 private:
@@ -270,6 +278,8 @@ private:
   llvm::DenseMap<Value, Value> scalars;
   /// Vector values of varying body values.
   llvm::DenseMap<Value, Value> vectors;
+  /// This worker's part of each group maximum of the current phase.
+  llvm::DenseMap<Value, Value> partialMax;
   /// Whether all of the worker's lanes are valid (i1), for PerAccess.
   Value allValid;
 
@@ -568,8 +578,50 @@ private:
 LogicalResult mlir::flashopt::emitGroupBody(OpBuilder &b, KernelOp kernel,
                                             const GroupBodyEnv &env,
                                             const IRMapping &mapping) {
+  return emitGroupBodies(b, kernel, ArrayRef<GroupBodyEnv>(env), mapping);
+}
+
+/// Emits the bodies of `envs` step by step: each operation of the body for
+/// every group before the next operation, so that independent groups stand
+/// side by side in the instruction stream. The body is split into phases:
+/// phase 0 is everything that does not depend on a `flashopt.group_max`; a
+/// group maximum of a phase-p value is available from phase p+1 on. Each
+/// phase emits its uniform (scalar) code, then its varying (vector) code and
+/// the workers' part of the group maxima, then its element stores, then
+/// completes the maxima across workers. Element stores thus follow the last
+/// computation they need.
+LogicalResult mlir::flashopt::emitGroupBodies(OpBuilder &b, KernelOp kernel,
+                                              ArrayRef<GroupBodyEnv> envs,
+                                              const IRMapping &mapping) {
   GroupBodyOp body = getGroupBody(kernel);
   if (!body)
     return kernel.emitOpError() << "has no group body";
-  return GroupBodyEmitter(b, kernel, env, mapping).run(body);
+  Block &block = body.getBody().front();
+  std::vector<std::unique_ptr<GroupBodyEmitter>> emitters;
+  for (const GroupBodyEnv &env : envs) {
+    emitters.push_back(
+        std::make_unique<GroupBodyEmitter>(b, kernel, env, mapping));
+    if (failed(emitters.back()->prepare(block, body.getLoc())))
+      return failure();
+  }
+  for (Operation &op : block)
+    for (auto &e : emitters)
+      e->emitLoad(op);
+  int64_t phases = emitters.front()->numPhases();
+  for (int64_t p = 0; p < phases; ++p) {
+    for (Operation &op : block)
+      for (auto &e : emitters)
+        if (failed(e->emitUniformStep(op, p)))
+          return failure();
+    for (Operation &op : block)
+      for (auto &e : emitters)
+        e->emitVaryingStep(op, p);
+    for (Operation &op : block)
+      for (auto &e : emitters)
+        e->emitStoreStep(op, p);
+    for (Operation &op : block)
+      for (auto &e : emitters)
+        e->emitMaxStep(op, p);
+  }
+  return success();
 }

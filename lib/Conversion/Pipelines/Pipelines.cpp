@@ -24,7 +24,8 @@
 
 using namespace mlir;
 
-void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma) {
+void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma,
+                                      int64_t interleave) {
   pm.addPass(createFlashOptExpandEncodings());
   // Fast kernels (docs/NUMERICS.md §7) on every flavour: the FMAs are part of
   // their arithmetic (a baseline x86-64 kernel calls fmaf).
@@ -37,7 +38,9 @@ void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma) {
     pm.addPass(createFlashOptExactIntDivision());
     pm.addPass(createFlashOptExactGroupDivision());
   }
-  pm.addPass(createFlashOptToCPU());
+  FlashOptToCPUOptions toCPU;
+  toCPU.interleave = interleave;
+  pm.addPass(createFlashOptToCPU(toCPU));
   buildCPULLVMPipeline(pm);
 }
 
@@ -111,6 +114,10 @@ struct CPUPipelineCLOptions
                      "flashopt-exact-int-division (flashopt-gen: true for "
                      "x86-64-v3, false for the x86-64 baseline)"),
       llvm::cl::init(true)};
+  PassOptions::Option<int64_t> interleave{
+      *this, "interleave",
+      llvm::cl::desc("Full groups per loop iteration (flashopt-to-cpu)"),
+      llvm::cl::init(1)};
 };
 } // namespace
 
@@ -131,6 +138,6 @@ void mlir::flashopt::registerFlashOptPipelines() {
       "Lower flashopt optimizers to LLVM dialect host kernels (what "
       "flashopt-gen --target=cpu runs before LLVM code generation)",
       [](OpPassManager &pm, const CPUPipelineCLOptions &cl) {
-        buildCPUPipeline(pm, cl.fma);
+        buildCPUPipeline(pm, cl.fma, cl.interleave);
       });
 }
