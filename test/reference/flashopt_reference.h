@@ -193,11 +193,56 @@ inline int32_t correctionMax(DType c) { return c == DType::I8 ? 127 : 32767; }
 inline float divUniform(float x, float d, bool fast) {
   return fast ? x * (1.0f / d) : x / d;
 }
+
+/// A value as the fast mode's contractions see it (docs/NUMERICS.md §7): a
+/// product `a * b` not rounded yet, which a later multiply by a uniform value
+/// may fold into (when `b` is uniform) or an add may fuse with (one FMA), or
+/// a plain value `a`. Every helper takes a Lazy that is used once; a value
+/// used twice is rounded first (`value`), as the kernel's pass requires.
+struct Lazy {
+  float a = 0.0f, b = 1.0f;
+  bool product = false; // a * b, rounded when used
+  bool uniformB = false; // b is the same for the whole tensor or group
+  float value() const { return product ? a * b : a; }
+};
+inline Lazy plainL(float v) { return Lazy{v, 1.0f, false, false}; }
+
+/// The arithmetic of one mode: exact rounds every operation; fast folds
+/// `(x * u1) * u2` into `x * (u1 * u2)` (u1, u2 uniform) and fuses a
+/// product used once into the add or subtract that consumes it, the left
+/// operand's product first.
+struct Arith {
+  bool fast = false;
+  /// x * u, u uniform.
+  Lazy mulU(Lazy x, float u) const {
+    if (fast && x.product && x.uniformB)
+      return Lazy{x.a, x.b * u, true, true};
+    return Lazy{x.value(), u, true, true};
+  }
+  /// x * y, both per element.
+  Lazy mul(float x, float y) const { return Lazy{x, y, true, false}; }
+  float add(Lazy l, Lazy r) const {
+    if (fast && l.product)
+      return std::fma(l.a, l.b, r.value());
+    if (fast && r.product)
+      return std::fma(r.a, r.b, l.value());
+    return l.value() + r.value();
+  }
+  float sub(Lazy l, Lazy r) const {
+    if (fast && l.product)
+      return std::fma(l.a, l.b, -r.value());
+    if (fast && r.product)
+      return std::fma(-r.a, r.b, l.value());
+    return l.value() - r.value();
+  }
+};
 inline float ecc_decode(uint16_t narrow, int32_t rho, DType p, DType c,
                         bool fast = false) {
   float r = widenBits(p, narrow);
   int32_t l = ell(narrow, p);
   float cc = divUniform(float(rho), float(correctionMax(c)), fast);
+  if (fast) // theta' + cc * 2^l as one FMA (2^l exact, subnormal included)
+    return std::fma(cc, std::ldexp(1.0f, l), r);
   int32_t h = l >> 1;
   float e1 = cc * pow2(h);
   float e = e1 * pow2(l - h);
@@ -270,6 +315,28 @@ inline float dequantize(int32_t code, uint32_t scaleBits,
   return x;
 }
 
+/// dequantize() as a Lazy for the rules: in fast mode the code's reciprocal
+/// and the group scale fold into one factor (linear), the scale stays a
+/// pending uniform factor (softsign), or the square is pending (sqrt).
+inline Lazy dequantizeLazy(int32_t code, uint32_t scaleBits,
+                           const QuantEncoding &enc, bool fast) {
+  if (!fast)
+    return plainL(dequantize(code, scaleBits, enc, false));
+  float n_max = enc.isSigned ? 127.0f : 255.0f;
+  float r = 1.0f / n_max;
+  float sc = scaleToF32(enc.scale, scaleBits);
+  float q = float(code);
+  if (enc.compand == Compand::Softsign) {
+    float t = q * r;
+    return Lazy{t / (2.0f - std::fabs(t)), sc, true, true};
+  }
+  if (enc.compand == Compand::Sqrt) {
+    float x1 = q * (r * sc);
+    return Lazy{x1, x1, true, false};
+  }
+  return Lazy{q, r * sc, true, true};
+}
+
 /// Quantizes the first `n` values of a group; returns the scale bits.
 inline uint32_t quantize_group(const float *x, int n, const QuantEncoding &enc,
                                int32_t *codes, bool fast = false) {
@@ -289,8 +356,13 @@ inline uint32_t quantize_group(const float *x, int n, const QuantEncoding &enc,
       float den = 1.0f + std::fabs(nn);
       t = two_n / den;
     }
-    float scaled = t * nmax;
-    float f = std::floor(scaled + 0.5f);
+    float f;
+    if (!fast)
+      f = std::floor(t * nmax + 0.5f);
+    else if (enc.compand == Compand::Softsign)
+      f = std::floor(std::fma(t, nmax, 0.5f));
+    else // (y * r) * nmax folded: y * (r * nmax), fused with + 0.5
+      f = std::floor(std::fma(y[i], (1.0f / a) * nmax, 0.5f));
     float q;
     if (std::isnan(f))
       q = 0.0f;
@@ -417,58 +489,64 @@ struct Rule {
     }
   }
 
-  /// Updates theta and the states in place.
-  void apply(float &theta, float g, std::vector<float> &s) const {
+  /// Updates theta and the states in place. `graw` is the widened gradient
+  /// (times grad_scale here); `s` the decoded states, as Lazy values for the
+  /// fast mode's contractions; `sqrtState` whether the encoder takes
+  /// sqrt(v) (a sqrt-companded second state), which the fast mode shares
+  /// with the update's root.
+  void apply(float &theta, float graw, std::vector<Lazy> &s,
+             std::vector<float> &out, bool sqrtState = false) const {
     auto H = [&](const char *k) { return h.at(k); };
+    const Arith A{fast};
+    Lazy g = A.mulU(plainL(graw), H("grad_scale"));
+    out.assign(s.size(), 0.0f);
     if (name == "adam" || name == "adamw") {
-      if (name == "adam") {
-        float decay = theta * H("weight_decay");
-        g = g + decay;
+      float gv;
+      if (name == "adam")
+        gv = A.add(g, A.mulU(plainL(theta), H("weight_decay")));
+      else
+        gv = g.value();
+      float m = A.add(A.mulU(s[0], H("beta1")), A.mulU(plainL(gv), omb1));
+      float v = A.add(A.mulU(s[1], H("beta2")),
+                      A.mulU(plainL(A.mul(gv, gv).value()), omb2));
+      out[0] = m;
+      out[1] = v;
+      float num, den;
+      if (fast) {
+        num = A.mulU(A.mulU(plainL(m), 1.0f / bc1), H("lr")).value();
+        float rbc2 = 1.0f / bc2;
+        if (sqrtState) // sqrt(v * rbc2) as sqrt(v) * sqrt(rbc2), + eps fused
+          den = std::fma(std::sqrt(v), std::sqrt(rbc2), H("eps"));
+        else
+          den = std::sqrt(v * rbc2) + H("eps");
+      } else {
+        num = H("lr") * (m / bc1);
+        den = std::sqrt(v / bc2) + H("eps");
       }
-      float mb = s[0] * H("beta1");
-      float gb = g * omb1;
-      s[0] = mb + gb;
-      float vb = s[1] * H("beta2");
-      float gg = g * g;
-      float ggb = gg * omb2;
-      s[1] = vb + ggb;
-      if (name == "adamw")
-        theta = theta * dec;
-      float mh = divUniform(s[0], bc1, fast);
-      float vh = divUniform(s[1], bc2, fast);
-      float num = H("lr") * mh;
-      float sq = std::sqrt(vh);
-      float den = sq + H("eps");
       float upd = num / den;
-      theta = theta - upd;
+      Lazy th = name == "adamw" ? A.mulU(plainL(theta), dec) : plainL(theta);
+      theta = A.sub(th, plainL(upd));
     } else if (name == "sgd" || name == "sgdw") {
-      if (name == "sgd") {
-        float decay = theta * H("weight_decay");
-        g = g + decay;
-      }
-      float mmu = s[0] * H("momentum");
-      float gd = g * omd;
-      s[0] = mmu + gd;
-      if (name == "sgdw")
-        theta = theta * dec;
-      float mum = H("momentum") * s[0];
-      float nest = g + mum;
-      float withM = H("nesterov") != 0.0f ? nest : s[0];
-      float u = H("momentum") == 0.0f ? g : withM;
-      float step = u * H("lr");
-      theta = theta - step;
+      float gv;
+      if (name == "sgd")
+        gv = A.add(g, A.mulU(plainL(theta), H("weight_decay")));
+      else
+        gv = g.value();
+      float m = A.add(A.mulU(s[0], H("momentum")), A.mulU(plainL(gv), omd));
+      out[0] = m;
+      float nest = A.add(plainL(gv), A.mulU(plainL(m), H("momentum")));
+      float withM = H("nesterov") != 0.0f ? nest : m;
+      float u = H("momentum") == 0.0f ? gv : withM;
+      Lazy th = name == "sgdw" ? A.mulU(plainL(theta), dec) : plainL(theta);
+      theta = A.sub(th, A.mulU(plainL(u), H("lr")));
     } else if (name == "lion") {
-      float mb1 = s[0] * H("beta1");
-      float gb1 = g * omb1;
-      float c = mb1 + gb1;
+      float gv = g.value();
+      float m0 = s[0].value(); // used twice
+      float c = A.add(A.mulU(plainL(m0), H("beta1")), A.mulU(plainL(gv), omb1));
       // sign(NaN) = NaN (docs/NUMERICS.md §5).
       float u = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : (c == c ? 0.0f : c));
-      float mb2 = s[0] * H("beta2");
-      float gb2 = g * omb2;
-      s[0] = mb2 + gb2;
-      theta = theta * dec;
-      float step = u * H("lr");
-      theta = theta - step;
+      out[0] = A.add(A.mulU(plainL(m0), H("beta2")), A.mulU(plainL(gv), omb2));
+      theta = A.sub(A.mulU(plainL(theta), dec), A.mulU(plainL(u), H("lr")));
     }
   }
 };
@@ -512,6 +590,8 @@ inline void reference_step(const Config &cfg,
   }
   int64_t G = cfg.group_size;
   size_t ns = cfg.states.size();
+  bool sqrtState = ns > 1 && cfg.states[1].quantized &&
+                   cfg.states[1].q.compand == Compand::Sqrt;
   std::vector<float> thetaNew(G);
   std::vector<std::vector<float>> statesNew(ns, std::vector<float>(G));
   for (int64_t g0 = 0; g0 < numel; g0 += G) {
@@ -529,8 +609,8 @@ inline void reference_step(const Config &cfg,
       } else {
         theta = widen(cfg.param, param, e);
       }
-      float gval = widen(cfg.grad, grad, e) * rule.h["grad_scale"];
-      std::vector<float> s(ns);
+      float graw = widen(cfg.grad, grad, e);
+      std::vector<Lazy> s(ns);
       for (size_t k = 0; k < ns; ++k) {
         const StateEncoding &enc = cfg.states[k];
         if (enc.quantized) {
@@ -541,15 +621,16 @@ inline void reference_step(const Config &cfg,
               enc.q.scale == DType::F32
                   ? bitsOf(static_cast<float *>(sb[k].b)[gi])
                   : uint32_t(static_cast<uint16_t *>(sb[k].b)[gi]);
-          s[k] = dequantize(code, bits, enc.q, cfg.fast);
+          s[k] = dequantizeLazy(code, bits, enc.q, cfg.fast);
         } else {
-          s[k] = widen(enc.plain, sb[k].a, e);
+          s[k] = plainL(widen(enc.plain, sb[k].a, e));
         }
       }
-      rule.apply(theta, gval, s);
+      std::vector<float> out;
+      rule.apply(theta, graw, s, out, sqrtState);
       thetaNew[i] = theta;
       for (size_t k = 0; k < ns; ++k)
-        statesNew[k][i] = s[k];
+        statesNew[k][i] = out[k];
     }
     for (int i = 0; i < n; ++i) {
       int64_t e = g0 + i;

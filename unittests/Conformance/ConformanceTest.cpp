@@ -43,7 +43,11 @@ namespace {
 using KernelFn = void (*)(const int64_t *, int64_t, const float *, int64_t,
                           int64_t, int64_t);
 
+/// <build>/kernels (the shipped specs), or FLASHOPT_KERNEL_DIR (the
+/// fast-mode variants of test/specs/fast, in <build>/kernels-fast).
 std::string kernelDir() {
+  if (const char *dir = std::getenv("FLASHOPT_KERNEL_DIR"))
+    return dir;
   const char *bin = std::getenv("FLASHOPT_BINARY_DIR");
   return std::string(bin ? bin : ".") + "/kernels";
 }

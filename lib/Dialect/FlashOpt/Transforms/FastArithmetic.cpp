@@ -16,12 +16,22 @@
 ///   x / d   ->   x * r,   r = 1 / d
 ///
 /// Two roundings instead of one (at most 1.5 ulp from the quotient), the
-/// same on every back end and in the scalar reference. Per-element
-/// divisions and square roots stay IEEE: Newton iterations from a bit-level
-/// seed were measured slower on the CPU and the GPU alike
-/// (docs/PERFORMANCE.md, "The fast mode"). The pass runs before
-/// flashopt-exact-int-division and flashopt-exact-group-division, which
-/// then find nothing left to prove in a fast kernel.
+/// same on every back end and in the scalar reference. Then, in this order:
+///
+///   sqrt(x * u)        ->  sqrt(x) * sqrt(u)   when the body also takes
+///                                              sqrt(x) (one root per element)
+///   (x * u1) * u2      ->  x * (u1 * u2)       the inner product used once
+///   a * b + c, c - a * b, ...  ->  fma         a per-element product used
+///                                              once; the left one first
+///
+/// (u: uniform). Each changes roundings, never which operations see NaN or
+/// infinity, and the reference applies the same ones (Lazy, Arith in
+/// test/reference/flashopt_reference.h). Per-element divisions and square
+/// roots stay IEEE: Newton iterations from a bit-level seed were measured
+/// slower on the CPU and the GPU alike (docs/PERFORMANCE.md, "The fast
+/// mode"). The pass runs before flashopt-exact-int-division and
+/// flashopt-exact-group-division, which then find nothing left to prove in
+/// a fast kernel.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -29,6 +39,8 @@
 #include "flashopt/Dialect/FlashOpt/Transforms/Passes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "llvm/ADT/DenseSet.h"
 #include "mlir/IR/Builders.h"
 
 namespace mlir::flashopt {
@@ -71,6 +83,9 @@ public:
     return uniform;
   }
 
+  /// After operations are erased: their results' storage may be reused.
+  void forget() { memo.clear(); }
+
 private:
   GroupBodyOp body;
   llvm::DenseMap<Value, bool> memo;
@@ -87,6 +102,132 @@ OpBuilder builderAfter(Value d) {
   }
   auto arg = cast<BlockArgument>(d);
   return OpBuilder::atBlockBegin(arg.getOwner());
+}
+
+bool isF32(Value v) { return v.getType().isF32(); }
+
+/// Where a value computed from uniform `a` and `b` goes: before the body when
+/// both come from outside it (once per tensor), else right after the later
+/// of their definitions inside the body (once per group).
+OpBuilder builderAfterBoth(GroupBodyOp body, Value a, Value b) {
+  Operation *da = a.getDefiningOp(), *db = b.getDefiningOp();
+  bool ina = da && body->isProperAncestor(da);
+  bool inb = db && body->isProperAncestor(db);
+  if (!ina && !inb)
+    return OpBuilder(body);
+  Operation *last = !ina ? db : !inb ? da : (da->isBeforeInBlock(db) ? db : da);
+  OpBuilder b2(last->getContext());
+  b2.setInsertionPointAfter(last);
+  return b2;
+}
+
+/// `sqrt(x * u)`, u uniform, where the body also takes `sqrt(x)`:
+/// `sqrt(x) * sqrt(u)`, the uniform root computed once (AdamW's
+/// `sqrt(v / bc2)` next to the variance encoding's `sqrt(v)`: one square
+/// root per element instead of two).
+void shareSquareRoots(GroupBodyOp body, Uniformity &uniformity) {
+  llvm::DenseSet<Value> rooted;
+  body.walk([&](math::SqrtOp s) { rooted.insert(s.getOperand()); });
+  SmallVector<math::SqrtOp> roots;
+  body.walk([&](math::SqrtOp s) {
+    if (isF32(s.getResult()) && !uniformity.isUniform(s.getResult()))
+      roots.push_back(s);
+  });
+  for (math::SqrtOp s : roots) {
+    auto mul = s.getOperand().getDefiningOp<arith::MulFOp>();
+    if (!mul)
+      continue;
+    Value x = mul.getLhs(), u = mul.getRhs();
+    if (uniformity.isUniform(x))
+      std::swap(x, u);
+    if (uniformity.isUniform(x) || !uniformity.isUniform(u) ||
+        !rooted.contains(x))
+      continue;
+    OpBuilder ub = builderAfter(u);
+    Value ru = math::SqrtOp::create(ub, s.getLoc(), u);
+    OpBuilder b(s);
+    Value rx = math::SqrtOp::create(b, s.getLoc(), x);
+    s.replaceAllUsesWith(
+        arith::MulFOp::create(b, s.getLoc(), rx, ru).getResult());
+    s.erase();
+    if (mul->use_empty())
+      mul.erase();
+    uniformity.forget();
+  }
+}
+
+/// `(x * u1) * u2`, u1 and u2 uniform, the inner product used once:
+/// `x * (u1 * u2)`, the uniform product computed once per tensor or group
+/// (a dequantized state times beta: the group scale times beta).
+void foldUniformFactors(GroupBodyOp body, Uniformity &uniformity) {
+  SmallVector<arith::MulFOp> muls;
+  body.walk([&](arith::MulFOp m) {
+    if (isF32(m.getResult()) && !uniformity.isUniform(m.getResult()))
+      muls.push_back(m);
+  });
+  for (arith::MulFOp outer : muls) {
+    for (int side = 0; side < 2; ++side) {
+      Value in = outer->getOperand(side), u2 = outer->getOperand(1 - side);
+      auto inner = in.getDefiningOp<arith::MulFOp>();
+      if (!inner || !inner->hasOneUse() || !uniformity.isUniform(u2))
+        continue;
+      Value x = inner.getLhs(), u1 = inner.getRhs();
+      if (uniformity.isUniform(x))
+        std::swap(x, u1);
+      if (uniformity.isUniform(x) || !uniformity.isUniform(u1))
+        continue;
+      OpBuilder ub = builderAfterBoth(body, u1, u2);
+      Value k = arith::MulFOp::create(ub, outer.getLoc(), u1, u2);
+      OpBuilder b(outer);
+      outer.replaceAllUsesWith(
+          arith::MulFOp::create(b, outer.getLoc(), x, k).getResult());
+      outer.erase();
+      inner.erase();
+      uniformity.forget();
+      break;
+    }
+  }
+}
+
+/// `a * b + c`, `c + a * b`, `a * b - c`, `c - a * b` with a per-element
+/// product used once: one fused multiply-add, one rounding instead of two.
+/// The left operand's product is fused when both are products.
+void contractToFMA(GroupBodyOp body, Uniformity &uniformity) {
+  SmallVector<Operation *> adds;
+  body.walk([&](Operation *op) {
+    if (isa<arith::AddFOp, arith::SubFOp>(op) && isF32(op->getResult(0)) &&
+        !uniformity.isUniform(op->getResult(0)))
+      adds.push_back(op);
+  });
+  auto fusable = [&](Value v) -> arith::MulFOp {
+    auto m = v.getDefiningOp<arith::MulFOp>();
+    if (m && m->hasOneUse() && !uniformity.isUniform(m.getResult()))
+      return m;
+    return nullptr;
+  };
+  for (Operation *op : adds) {
+    bool sub = isa<arith::SubFOp>(op);
+    Value lhs = op->getOperand(0), rhs = op->getOperand(1);
+    OpBuilder b(op);
+    Location loc = op->getLoc();
+    Value fma;
+    if (arith::MulFOp m = fusable(lhs)) {
+      Value c = sub ? arith::NegFOp::create(b, loc, rhs).getResult() : rhs;
+      fma = math::FmaOp::create(b, loc, m.getLhs(), m.getRhs(), c);
+      op->getResult(0).replaceAllUsesWith(fma);
+      op->erase();
+      m.erase();
+      uniformity.forget();
+    } else if (arith::MulFOp m = fusable(rhs)) {
+      Value a = sub ? arith::NegFOp::create(b, loc, m.getLhs()).getResult()
+                    : m.getLhs();
+      fma = math::FmaOp::create(b, loc, a, m.getRhs(), lhs);
+      op->getResult(0).replaceAllUsesWith(fma);
+      op->erase();
+      m.erase();
+      uniformity.forget();
+    }
+  }
 }
 
 void rewriteKernel(KernelOp kernel) {
@@ -115,6 +256,9 @@ void rewriteKernel(KernelOp kernel) {
           arith::MulFOp::create(b, div.getLoc(), div.getLhs(), r).getResult());
       div.erase();
     }
+    shareSquareRoots(body, uniformity);
+    foldUniformFactors(body, uniformity);
+    contractToFMA(body, uniformity);
   }
 }
 

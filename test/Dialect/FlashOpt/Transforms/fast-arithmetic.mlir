@@ -15,11 +15,12 @@
 // CHECK-NEXT: %[[ONE2:.*]] = arith.constant 1.000000e+00 : f32
 // CHECK-NEXT: %[[RN:.*]] = arith.divf %[[ONE2]], %[[N]] : f32
 // CHECK: %[[U:.*]] = arith.mulf %[[X]], %[[RBC]] : f32
-// CHECK: %[[V:.*]] = arith.mulf %[[X]], %[[RN]] : f32
 // CHECK: %[[Q:.*]] = arith.divf %[[U]], %[[D]] : f32
-// CHECK: math.sqrt %[[Q]] : f32
-// The same divisor twice: one reciprocal.
-// CHECK: arith.mulf %[[D]], %[[RBC]] : f32
+// CHECK: %[[S:.*]] = math.sqrt %[[Q]] : f32
+// The products that replace the divisions fuse with the adds that consume
+// them; the same divisor twice: one reciprocal.
+// CHECK: %[[A:.*]] = math.fma %[[X]], %[[RN]], %[[S]] : f32
+// CHECK: math.fma %[[D]], %[[RBC]], %[[A]] : f32
 // CHECK-NOT: arith.divf
 // CHECK: flashopt.store_element
 flashopt.kernel @fast group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"d", f32, element, read>]) hypers(["beta"]) attributes {flashopt.arithmetic = "fast"} {
@@ -51,7 +52,7 @@ flashopt.kernel @fast group_size(32) buffers([#flashopt.buffer<"x", f32, element
 // CHECK-NEXT: %[[R:.*]] = arith.divf %[[ONE]], %[[M]] : f32
 // CHECK: math.sqrt %[[M]] : f32
 // CHECK: arith.divf %{{.*}}, %[[M]] : f32
-// CHECK: arith.mulf %{{.*}}, %[[R]] : f32
+// CHECK: math.fma %{{.*}}, %[[R]], %{{.*}} : f32
 flashopt.kernel @uniform group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
   flashopt.group_body {
     %x = flashopt.load_element 0 : f32
@@ -79,6 +80,144 @@ flashopt.kernel @exact group_size(32) buffers([#flashopt.buffer<"x", f32, elemen
     %q = arith.divf %x, %d : f32
     %c = arith.constant 3.000000e+00 : f32
     %s = arith.divf %q, %c : f32
+    flashopt.store_element 0, %s : f32
+  }
+}
+
+// -----
+
+// (x * u1) * u2 with u1, u2 uniform and the inner product used once:
+// x * (u1 * u2), the uniform product computed once, where both factors exist
+// (after the group's scale inside the body; in the prologue when both come
+// from there). Chains fold again; a product used twice does not fold.
+// CHECK-LABEL: flashopt.kernel @fold
+// CHECK: %[[B:.*]] = flashopt.hyper "beta"
+// CHECK: %[[L:.*]] = flashopt.hyper "lr"
+// CHECK: %[[BL:.*]] = arith.mulf %[[B]], %[[L]] : f32
+// CHECK: flashopt.group_body
+// CHECK: %[[X:.*]] = flashopt.load_element 0 : f32
+// CHECK: %[[S:.*]] = flashopt.load_group 1 : f32
+// CHECK-NEXT: %[[SB:.*]] = arith.mulf %[[S]], %[[B]] : f32
+// CHECK-NEXT: %[[SBL:.*]] = arith.mulf %[[SB]], %[[L]] : f32
+// CHECK: %[[A:.*]] = arith.mulf %[[X]], %[[SBL]] : f32
+// CHECK: %[[Y:.*]] = flashopt.load_element 2 : f32
+// CHECK: %[[YB:.*]] = arith.mulf %[[Y]], %[[BL]] : f32
+// CHECK: %[[Z:.*]] = flashopt.load_element 3 : f32
+// CHECK: %[[ZB:.*]] = arith.mulf %[[Z]], %[[B]] : f32
+// CHECK: %[[ZBB:.*]] = arith.mulf %[[ZB]], %[[B]] : f32
+// CHECK: %[[NZ:.*]] = arith.negf %[[ZBB]] : f32
+// CHECK: math.fma %[[ZB]], %[[L]], %[[NZ]] : f32
+flashopt.kernel @fold group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"s", f32, group, read>, #flashopt.buffer<"y", f32, element, readwrite>, #flashopt.buffer<"z", f32, element, readwrite>]) hypers(["beta", "lr"]) attributes {flashopt.arithmetic = "fast"} {
+  %beta = flashopt.hyper "beta" default(9.000000e-01) : f32
+  %lr = flashopt.hyper "lr" default(1.000000e-03) : f32
+  flashopt.group_body {
+    %x = flashopt.load_element 0 : f32
+    %s = flashopt.load_group 1 : f32
+    %xs = arith.mulf %x, %s : f32
+    %xsb = arith.mulf %xs, %beta : f32
+    %xsbl = arith.mulf %lr, %xsb : f32
+    flashopt.store_element 0, %xsbl : f32
+    %y = flashopt.load_element 2 : f32
+    %yb = arith.mulf %y, %beta : f32
+    %ybl = arith.mulf %yb, %lr : f32
+    flashopt.store_element 2, %ybl : f32
+    %z = flashopt.load_element 3 : f32
+    %zb = arith.mulf %z, %beta : f32
+    %zbl = arith.mulf %zb, %lr : f32
+    %zbb = arith.mulf %zb, %beta : f32
+    %w = arith.subf %zbl, %zbb : f32
+    flashopt.store_element 3, %w : f32
+  }
+}
+
+// -----
+
+// sqrt(x * u), u uniform, next to sqrt(x) in the same body: sqrt(x) *
+// sqrt(u), the uniform root once (AdamW's sqrt(v / bc2) beside the variance
+// encoding's sqrt(v)). Without a sqrt(x) to share it stays as it is.
+// CHECK-LABEL: flashopt.kernel @roots
+// CHECK: %[[R:.*]] = flashopt.hyper "rbc"
+// CHECK-NEXT: %[[SR:.*]] = math.sqrt %[[R]] : f32
+// CHECK: %[[V:.*]] = flashopt.load_element 0 : f32
+// CHECK: %[[SV:.*]] = math.sqrt %[[V]] : f32
+// CHECK: math.fma %[[SV]], %[[SR]], %{{.*}} : f32
+// CHECK: math.sqrt %[[V]] : f32
+// CHECK: %[[W:.*]] = flashopt.load_element 1 : f32
+// CHECK: %[[WR:.*]] = arith.mulf %[[W]], %[[R]] : f32
+// CHECK: math.sqrt %[[WR]] : f32
+flashopt.kernel @roots group_size(32) buffers([#flashopt.buffer<"v", f32, element, readwrite>, #flashopt.buffer<"w", f32, element, readwrite>]) hypers(["rbc", "eps"]) attributes {flashopt.arithmetic = "fast"} {
+  %rbc = flashopt.hyper "rbc" default(1.000000e+00) : f32
+  %eps = flashopt.hyper "eps" default(1.000000e-08) : f32
+  flashopt.group_body {
+    %v = flashopt.load_element 0 : f32
+    %vh = arith.mulf %v, %rbc : f32
+    %den = math.sqrt %vh : f32
+    %de = arith.addf %den, %eps : f32
+    %root = math.sqrt %v : f32
+    %o = arith.divf %root, %de : f32
+    flashopt.store_element 0, %o : f32
+    %w = flashopt.load_element 1 : f32
+    %wh = arith.mulf %w, %rbc : f32
+    %wr = math.sqrt %wh : f32
+    flashopt.store_element 1, %wr : f32
+  }
+}
+
+// -----
+
+// A per-element product used once fuses with the add or subtract that
+// consumes it: a*b + c, c + a*b, a*b - c = fma(a, b, -c), c - a*b =
+// fma(-a, b, c); with two products the left one. A product used twice, or
+// one that is uniform, stays a multiply.
+// CHECK-LABEL: flashopt.kernel @contract
+// CHECK: %[[A:.*]] = flashopt.load_element 0 : f32
+// CHECK: %[[B:.*]] = flashopt.load_element 1 : f32
+// CHECK: %[[P:.*]] = math.fma %[[A]], %[[B]], %[[B]] : f32
+// CHECK: %[[N:.*]] = arith.negf %[[A]] : f32
+// CHECK: %[[Q:.*]] = math.fma %[[N]], %[[B]], %[[P]] : f32
+// CHECK: %[[BB:.*]] = arith.mulf %[[B]], %[[B]] : f32
+// CHECK: %[[NQ:.*]] = arith.negf %[[BB]] : f32
+// CHECK: %[[R:.*]] = math.fma %[[A]], %[[Q]], %[[NQ]] : f32
+// CHECK: %[[T:.*]] = arith.mulf %[[A]], %[[A]] : f32
+// CHECK: %[[U:.*]] = arith.addf %[[T]], %[[R]] : f32
+// CHECK: arith.addf %[[U]], %[[T]] : f32
+// CHECK: %[[G:.*]] = arith.mulf %{{.*}}, %{{.*}} : f32
+// CHECK: arith.addf %[[G]], %{{.*}} : f32
+flashopt.kernel @contract group_size(32) buffers([#flashopt.buffer<"a", f32, element, readwrite>, #flashopt.buffer<"b", f32, element, read>]) hypers(["beta", "gamma"]) attributes {flashopt.arithmetic = "fast"} {
+  %beta = flashopt.hyper "beta" default(9.000000e-01) : f32
+  %gamma = flashopt.hyper "gamma" default(9.000000e-01) : f32
+  flashopt.group_body {
+    %a = flashopt.load_element 0 : f32
+    %b = flashopt.load_element 1 : f32
+    %ab = arith.mulf %a, %b : f32
+    %p = arith.addf %b, %ab : f32
+    %ab2 = arith.mulf %a, %b : f32
+    %q = arith.subf %p, %ab2 : f32
+    %aq = arith.mulf %a, %q : f32
+    %bb = arith.mulf %b, %b : f32
+    %r = arith.subf %aq, %bb : f32
+    %t = arith.mulf %a, %a : f32
+    %u = arith.addf %t, %r : f32
+    %v = arith.addf %u, %t : f32
+    %bg = arith.mulf %beta, %gamma : f32
+    %w = arith.addf %bg, %v : f32
+    flashopt.store_element 0, %w : f32
+  }
+}
+
+// -----
+
+// Exact kernels keep every multiply and add.
+// CHECK-LABEL: flashopt.kernel @exact_contract
+// CHECK: arith.mulf
+// CHECK-NEXT: arith.addf
+// CHECK-NOT: math.fma
+flashopt.kernel @exact_contract group_size(32) buffers([#flashopt.buffer<"a", f32, element, readwrite>]) hypers(["beta"]) attributes {flashopt.arithmetic = "exact"} {
+  %beta = flashopt.hyper "beta" default(9.000000e-01) : f32
+  flashopt.group_body {
+    %a = flashopt.load_element 0 : f32
+    %ab = arith.mulf %a, %beta : f32
+    %s = arith.addf %ab, %a : f32
     flashopt.store_element 0, %s : f32
   }
 }

@@ -122,7 +122,7 @@ def FlashOptExactGroupDivision : Pass<"flashopt-exact-group-division", "::mlir::
 }
 
 def FlashOptFastArithmetic : Pass<"flashopt-fast-arithmetic", "::mlir::ModuleOp"> {
-  let summary = "The portable fast mode: divisions by uniform values as reciprocal multiplies";
+  let summary = "The portable fast mode: divisions by uniform values as reciprocal multiplies, uniform factors folded, products fused into FMAs";
   let description = [{
     Acts on every `flashopt.kernel` whose discardable attribute
     `flashopt.arithmetic` is `"fast"` (a spec's `"arithmetic": "fast"`;
@@ -134,6 +134,15 @@ def FlashOptFastArithmetic : Pass<"flashopt-fast-arithmetic", "::mlir::ModuleOp"
     where the divisor is defined. The quotient is rounded twice instead of
     once (at most 1.5 ulp off, docs/NUMERICS.md §7), identically on every
     back end. Per-element divisions and square roots stay IEEE.
+
+    Then three contractions, in this order, on per-element values (u, u1,
+    u2 uniform): `sqrt(x * u)` becomes `sqrt(x) * sqrt(u)` where the body
+    also takes `sqrt(x)`; `(x * u1) * u2` becomes `x * (u1 * u2)` when the
+    inner product has one use (the uniform product computed once, in the
+    prologue or after the later factor in the body); and a product with one
+    use that an `addf`/`subf` consumes becomes `math.fma` (`a*b - c` as
+    `fma(a, b, -c)`, `c - a*b` as `fma(-a, b, c)`; the left operand's
+    product when both are products).
 
     ```mlir
     %bc = arith.subf %one, %p : f32            // prologue
@@ -148,7 +157,7 @@ def FlashOptFastArithmetic : Pass<"flashopt-fast-arithmetic", "::mlir::ModuleOp"
       %mh = arith.mulf %m, %r : f32
     ```
   }];
-  let dependentDialects = ["::mlir::arith::ArithDialect"];
+  let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
 }
 
 #endif // FLASHOPT_TRANSFORMS_PASSES_TD
