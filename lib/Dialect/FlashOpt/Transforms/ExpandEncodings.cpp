@@ -241,7 +241,11 @@ Type accessType(Type t) {
 /// ones but the sign (0x7FFFFFFF for f32, 0x7FFF for bf16 and f16), the NaN
 /// NVIDIA GPUs produce. Both back ends then store the same bits for every
 /// NaN, whatever payload the CPU's arithmetic or conversions would give
-/// (docs/NUMERICS.md §5). In integers: |bits| > the exponent mask means NaN.
+/// (docs/NUMERICS.md §5). The NaN test is one unordered compare on the f32
+/// value stored or rounded to 16 bits (a 16-bit rounding is a NaN exactly
+/// when its f32 operand is: overflow gives infinity), which the CPU's
+/// expansion of the rounding shares; other 16-bit values are tested in
+/// integers: |bits| > the exponent mask.
 void canonicalizeStoredNaNs(GroupBodyOp body) {
   SmallVector<Operation *> stores;
   body.walk([&](Operation *op) {
@@ -263,9 +267,18 @@ void canonicalizeStoredNaNs(GroupBodyOp body) {
           .getResult();
     };
     Value bits = arith::BitcastOp::create(b, loc, it, v);
-    Value mag = arith::AndIOp::create(b, loc, bits, cst(magMask));
-    Value isNaN = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ugt, mag,
-                                        cst(expMask));
+    Value wide = v;
+    if (auto trunc = v.getDefiningOp<arith::TruncFOp>())
+      wide = trunc.getIn();
+    Value isNaN;
+    if (wide.getType().isF32()) {
+      isNaN = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, wide,
+                                    wide);
+    } else {
+      Value mag = arith::AndIOp::create(b, loc, bits, cst(magMask));
+      isNaN = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ugt, mag,
+                                    cst(expMask));
+    }
     Value canon = arith::SelectOp::create(b, loc, isNaN, cst(magMask), bits);
     store->setOperand(0, arith::BitcastOp::create(b, loc, ft, canon));
   }

@@ -18,10 +18,9 @@
 // CHECK:   %[[MN:.*]] = arith.addf %[[MM]], %[[G]] : f32
 // CHECK:   %[[D:.*]] = arith.mulf %[[MN]], %[[LR]] : f32
 // CHECK:   %[[T:.*]] = arith.subf %[[P]], %[[D]] : f32
-// A stored NaN is canonical: |bits| > 0x7F800000 -> 0x7FFFFFFF.
+// A stored NaN is canonical: an f32 NaN (one unordered compare) -> 0x7FFFFFFF.
 // CHECK:   %[[TB:.*]] = arith.bitcast %[[T]] : f32 to i32
-// CHECK:   %[[TM:.*]] = arith.andi %[[TB]], %{{.*}} : i32
-// CHECK:   %[[TN:.*]] = arith.cmpi ugt, %[[TM]], %{{.*}} : i32
+// CHECK:   %[[TN:.*]] = arith.cmpf uno, %[[T]], %[[T]] : f32
 // CHECK:   %[[TC:.*]] = arith.select %[[TN]], %{{.*}}, %[[TB]] : i32
 // CHECK:   %[[TS:.*]] = arith.bitcast %[[TC]] : i32 to f32
 // CHECK:   flashopt.store_element 0, %[[TS]] : f32
@@ -66,7 +65,7 @@ flashopt.optimizer @sgd_f32 param(#flashopt.master<f32>) grad(f32) {
 // CHECK: arith.minui
 // CHECK: %[[S:.*]] = arith.bitcast {{.*}} : i32 to f32
 // CHECK: arith.mulf %[[C8]], %[[S]] : f32
-// CHECK: %[[NEW:.*]] = arith.truncf {{.*}} : f32 to bf16
+// CHECK: %[[NEW:.*]] = arith.truncf %[[WIDE:.*]] : f32 to bf16
 // CHECK: arith.constant 2139095040 : i32
 // CHECK: arith.subi
 // CHECK: arith.constant 1.625600e+04 : f32
@@ -78,8 +77,11 @@ flashopt.optimizer @sgd_f32 param(#flashopt.master<f32>) grad(f32) {
 // CHECK: math.copysign
 // CHECK: arith.cmpf uno
 // CHECK: %[[RHO:.*]] = arith.fptosi {{.*}} : f32 to i8
-// CHECK: arith.bitcast %[[NEW]] : bf16 to i16
-// CHECK: arith.cmpi ugt
+// A bf16 rounding is a NaN exactly when its f32 operand is: the NaN test is
+// on the f32 value.
+// CHECK: %[[NB:.*]] = arith.bitcast %[[NEW]] : bf16 to i16
+// CHECK: %[[NN:.*]] = arith.cmpf uno, %[[WIDE]], %[[WIDE]] : f32
+// CHECK: arith.select %[[NN]], %{{.*}}, %[[NB]] : i16
 // CHECK: flashopt.store_element 0, %{{.*}} : bf16
 // CHECK: flashopt.store_element 1, %[[RHO]] : i8
 flashopt.optimizer @ecc param(#flashopt.master<bf16, correction = i8>) grad(bf16) {
