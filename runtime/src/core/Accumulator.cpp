@@ -1,0 +1,206 @@
+//===- Accumulator.cpp - Gradient accumulation in the optimizer core ------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// host::Optimizer's gradient accumulator (docs/KERNEL-ABI.md "Gradient
+/// accumulation"): reading it, accumulating and stepping from it, zeroing it,
+/// and its finiteness and norm checks. See Optimizer.h.
+///
+//===----------------------------------------------------------------------===//
+
+#include "OptimizerImpl.h"
+
+#include "codec/Codec.h"
+
+#include <cmath>
+
+namespace flashopt::host {
+
+namespace {
+/// The accumulator's buffers ("accum", and "accum_correction" for
+/// bf16 + i8) as indices into the manifest's buffers.
+struct AccumBuffers {
+  int value = -1, correction = -1;
+};
+AccumBuffers accumBuffers(const Manifest &m) {
+  AccumBuffers a;
+  for (size_t b = 0; b < m.buffers.size(); ++b)
+    if (m.buffers[b].name == "accum")
+      a.value = int(b);
+    else if (m.buffers[b].name == "accum_correction")
+      a.correction = int(b);
+  return a;
+}
+} // namespace
+
+Status Optimizer::read_accumulator(int64_t tensor, int64_t offset,
+                                   int64_t count, float *out) {
+  Impl &I = *impl_;
+  if (!I.m->accumulator)
+    return Status::error("read_accumulator: " + I.m->name +
+                         " has no gradient accumulator");
+  if (Status s = I.checkTensor(tensor, "read_accumulator"); !s)
+    return s;
+  const TensorInfo &ti = I.tensors[size_t(tensor)];
+  if (offset < 0 || count < 0 || offset + count > ti.numel)
+    return Status::error("read_accumulator: elements [" +
+                         std::to_string(offset) + ", " +
+                         std::to_string(offset + count) + ") of tensor " +
+                         std::to_string(tensor) + " (" +
+                         std::to_string(ti.numel) + " elements)");
+  try {
+    if (Status s = I.prepare(); !s)
+      return s;
+    const AccumBuffers ab = accumBuffers(*I.m);
+    const DType vd = I.m->buffers[size_t(ab.value)].dtype;
+    const int64_t ves = dtype_size(vd);
+    std::vector<uint8_t> hi(size_t(count * ves));
+    const int64_t va = I.address(size_t(tensor), size_t(ab.value)) +
+                       offset * ves;
+    if (Status s = I.backend->read(reinterpret_cast<void *>(uintptr_t(va)),
+                                   hi.data(), count * ves);
+        !s)
+      return s;
+    if (ab.correction < 0) {
+      codec::widen(hi.data(), vd, count, out);
+      return Status::success();
+    }
+    const DType cd = I.m->buffers[size_t(ab.correction)].dtype;
+    const int64_t ces = dtype_size(cd);
+    std::vector<uint8_t> lo(size_t(count * ces));
+    const int64_t ca = I.address(size_t(tensor), size_t(ab.correction)) +
+                       offset * ces;
+    if (Status s = I.backend->read(reinterpret_cast<void *>(uintptr_t(ca)),
+                                   lo.data(), count * ces);
+        !s)
+      return s;
+    codec::decode_master(hi.data(), vd, lo.data(), cd, count, out);
+    return Status::success();
+  } catch (const std::exception &e) {
+    return Status::error(std::string("read_accumulator: ") + e.what());
+  }
+}
+
+Status Optimizer::write_accumulator(int64_t tensor, int64_t offset,
+                                    int64_t count, const float *in) {
+  Impl &I = *impl_;
+  if (!I.m->accumulator)
+    return Status::error("write_accumulator: " + I.m->name +
+                         " has no gradient accumulator");
+  if (Status s = I.checkTensor(tensor, "write_accumulator"); !s)
+    return s;
+  const TensorInfo &ti = I.tensors[size_t(tensor)];
+  if (offset < 0 || count < 0 || offset + count > ti.numel)
+    return Status::error("write_accumulator: elements [" +
+                         std::to_string(offset) + ", " +
+                         std::to_string(offset + count) + ") of tensor " +
+                         std::to_string(tensor) + " (" +
+                         std::to_string(ti.numel) + " elements)");
+  try {
+    if (Status s = I.prepare(); !s)
+      return s;
+    const AccumBuffers ab = accumBuffers(*I.m);
+    const DType vd = I.m->buffers[size_t(ab.value)].dtype;
+    const int64_t ves = dtype_size(vd);
+    std::vector<uint8_t> hi(size_t(count * ves));
+    std::vector<uint8_t> lo;
+    std::optional<DType> cd;
+    if (ab.correction >= 0) {
+      cd = I.m->buffers[size_t(ab.correction)].dtype;
+      lo.resize(size_t(count * dtype_size(*cd)));
+      codec::encode_master(in, count, hi.data(), vd, lo.data(), cd);
+    } else {
+      codec::narrow(in, count, vd, hi.data());
+    }
+    const int64_t va = I.address(size_t(tensor), size_t(ab.value)) +
+                       offset * ves;
+    if (Status s = I.backend->write(reinterpret_cast<void *>(uintptr_t(va)),
+                                    hi.data(), count * ves);
+        !s)
+      return s;
+    if (cd) {
+      const int64_t ces = dtype_size(*cd);
+      const int64_t ca = I.address(size_t(tensor), size_t(ab.correction)) +
+                         offset * ces;
+      return I.backend->write(reinterpret_cast<void *>(uintptr_t(ca)),
+                              lo.data(), count * ces);
+    }
+    return Status::success();
+  } catch (const std::exception &e) {
+    return Status::error(std::string("write_accumulator: ") + e.what());
+  }
+}
+
+Status Optimizer::zero_accumulators() {
+  Impl &I = *impl_;
+  if (!I.m->accumulator)
+    return Status::success();
+  try {
+    for (size_t b = 0; b < I.B; ++b) {
+      if (I.m->buffers[b].role != BufferRole::Accum)
+        continue;
+      for (size_t i = 0; i < I.tensors.size(); ++i) {
+        Expected<BufferView> v = buffer(int64_t(i), I.m->buffers[b].name);
+        if (!v)
+          return v.status();
+        std::vector<uint8_t> zeros(size_t(v->bytes), 0);
+        if (Status s = I.backend->write(v->data, zeros.data(), v->bytes); !s)
+          return s;
+      }
+    }
+    return Status::success();
+  } catch (const std::exception &e) {
+    return Status::error(std::string("zero_accumulators: ") + e.what());
+  }
+}
+
+Expected<bool>
+Optimizer::accumulators_finite(const std::vector<int64_t> &indices) {
+  try {
+    for (int64_t i : indices) {
+      if (Status s = impl_->checkTensor(i, "accumulators_finite"); !s)
+        return s;
+      const int64_t n = impl_->tensors[size_t(i)].numel;
+      std::vector<float> v(static_cast<size_t>(n));
+      if (Status s = read_accumulator(i, 0, n, v.data()); !s)
+        return s;
+      for (float x : v)
+        if (!std::isfinite(x))
+          return false;
+    }
+    return true;
+  } catch (const std::exception &e) {
+    return Status::error(std::string("accumulators_finite: ") + e.what());
+  }
+}
+
+Expected<std::vector<double>>
+Optimizer::accumulator_sum_squares(const std::vector<int64_t> &indices) {
+  Impl &I = *impl_;
+  if (std::strcmp(I.backend->kind(), "cpu") != 0)
+    return Status::error("accumulator_sum_squares: CPU contexts only");
+  try {
+    // Decoded to f32 in host memory, then summed exactly as the gradients
+    // of an f32-gradient optimizer would be (Backend::sum_squares).
+    std::vector<std::vector<float>> decoded;
+    std::vector<ScanRange> ranges;
+    decoded.reserve(indices.size());
+    for (int64_t i : indices) {
+      if (Status s = I.checkTensor(i, "accumulator_sum_squares"); !s)
+        return s;
+      const int64_t n = I.tensors[size_t(i)].numel;
+      decoded.emplace_back(static_cast<size_t>(n));
+      if (Status s = read_accumulator(i, 0, n, decoded.back().data()); !s)
+        return s;
+      ranges.push_back({decoded.back().data(), n});
+    }
+    return I.backend->sum_squares(ranges, DType::F32);
+  } catch (const std::exception &e) {
+    return Status::error(std::string("accumulator_sum_squares: ") + e.what());
+  }
+}
+
+} // namespace flashopt::host

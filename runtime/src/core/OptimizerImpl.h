@@ -1,0 +1,145 @@
+//===- OptimizerImpl.h - The optimizer core's state -------------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// host::Optimizer's private state (the pimpl), shared by the files of the
+/// core: Optimizer.cpp (tensors, param groups, the table, stepping) and
+/// Accumulator.cpp (gradient accumulation). Not installed.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_RUNTIME_CORE_OPTIMIZERIMPL_H
+#define FLASHOPT_RUNTIME_CORE_OPTIMIZERIMPL_H
+
+#include "flashopt/host/Optimizer.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace flashopt::host {
+
+struct Optimizer::Impl {
+  std::unique_ptr<Backend> backend;
+  const Manifest *m = nullptr;
+  int64_t G = 1;
+  size_t B = 0;
+  std::unique_ptr<HyperTable> hypers;
+
+  std::vector<TensorInfo> tensors;
+  std::vector<std::vector<int64_t>> offsets; ///< [tensor][buffer] arena entry
+  int64_t totalGroups = 0, totalNumel = 0;
+
+  /// The host table, its records per tensor, and what it was built from.
+  std::vector<int64_t> table;
+  std::vector<int64_t> recordStart{0}; ///< [tensor] first record; + total
+  int64_t records = 0;
+  uint64_t tableGeneration = 0;
+  bool dirty = false;              ///< tensors changed since the build
+  std::vector<int64_t> builtBases; ///< arena addresses of the build
+  std::vector<int64_t> compacted;  ///< step_tensors: a subset's records
+  int64_t t = 0;
+  bool released = false; ///< release_state(): no correction or state here
+
+  /// What release_state() frees: the correction terms and states (the
+  /// gradient accumulator stays: every rank accumulates its own gradients).
+  bool releasable(size_t b) const {
+    BufferRole r = m->buffers[b].role;
+    return r == BufferRole::Correction || r == BufferRole::State;
+  }
+
+  bool runtimeOwned(size_t b) const {
+    BufferRole r = m->buffers[b].role;
+    return r == BufferRole::Correction || r == BufferRole::State ||
+           r == BufferRole::Accum;
+  }
+
+  /// The address of element/group 0 of buffer b of tensor i.
+  int64_t address(size_t i, size_t b) const {
+    const BufferSpec &spec = m->buffers[b];
+    if (spec.role == BufferRole::Param)
+      return int64_t(reinterpret_cast<uintptr_t>(tensors[i].param));
+    if (spec.role == BufferRole::Grad)
+      return int64_t(reinterpret_cast<uintptr_t>(tensors[i].grad));
+    return backend->arena_address(b) + offsets[i][b] * dtype_size(spec.dtype);
+  }
+
+  std::vector<int64_t> bases() const {
+    std::vector<int64_t> out(B, 0);
+    for (size_t b = 0; b < B; ++b)
+      if (runtimeOwned(b))
+        out[b] = backend->arena_address(b);
+    return out;
+  }
+
+  /// Appends tensor i's records to `out`; returns how many.
+  int64_t appendRecords(size_t i, std::vector<int64_t> &out) const {
+    std::vector<int64_t> addresses(B, 0);
+    for (size_t b = 0; b < B; ++b)
+      addresses[b] = address(i, b);
+    return append_table_records(*m, tensors[i], addresses,
+                                backend->max_record_elements(), out);
+  }
+
+  void rebuild() {
+    table.clear();
+    table.reserve(tensors.size() * size_t(m->record_words));
+    records = 0;
+    recordStart.assign(1, 0);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      records += appendRecords(i, table);
+      recordStart.push_back(records);
+    }
+    builtBases = bases();
+    dirty = false;
+    ++tableGeneration;
+  }
+
+  /// Rebuilds the table if it is stale and the state is addressable.
+  void refresh() {
+    if (!backend->committed())
+      return;
+    if (dirty || builtBases != bases())
+      rebuild();
+  }
+
+  /// A changed param or grad address of tensor i: rewrite its records in
+  /// place when the table is current, else leave it to the next build.
+  void repoint(size_t i) {
+    if (dirty || !backend->committed() || builtBases != bases()) {
+      dirty = true;
+      refresh();
+      return;
+    }
+    std::vector<int64_t> recs;
+    appendRecords(i, recs);
+    std::copy(recs.begin(), recs.end(),
+              table.begin() + recordStart[i] * m->record_words);
+    ++tableGeneration;
+  }
+
+  Status checkTensor(int64_t tensor, const char *who) const {
+    if (tensor < 0 || tensor >= int64_t(tensors.size()))
+      return Status::error(std::string(who) + ": no tensor " +
+                           std::to_string(tensor));
+    return Status::success();
+  }
+
+  /// Makes the state addressable and the table current.
+  Status prepare() {
+    if (Status s = backend->commit(); !s)
+      return s;
+    refresh();
+    return Status::success();
+  }
+};
+
+} // namespace flashopt::host
+
+#endif // FLASHOPT_RUNTIME_CORE_OPTIMIZERIMPL_H
