@@ -1,0 +1,372 @@
+//===- Writer.cpp - Atomic safetensors writing ------------------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// write_file: a temporary beside the target, fsync'ed, renamed over it and
+/// the directory fsync'ed, so a failed write leaves the previous file intact
+/// (Safetensors.h); and the fault injection its tests use.
+///
+/// Exceptions (nlohmann/json, allocation) are caught here and turned into a
+/// Status; none escapes.
+///
+//===----------------------------------------------------------------------===//
+
+#include "SafetensorsInternal.h"
+
+#include "flashopt/abi/Files.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <limits>
+#include <new>
+#include <set>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <cstdlib>
+#include <optional>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the safetensors code assumes a little-endian host"
+#endif
+
+
+namespace flashopt::host::safetensors {
+
+using namespace detail;
+
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+//===----------------------------------------------------------------------===//
+// File I/O helpers
+//===----------------------------------------------------------------------===//
+
+std::optional<WriteFault> injectedFault;
+
+bool faultAt(WriteStage stage, int *err) {
+  if (injectedFault && injectedFault->stage == stage) {
+    *err = injectedFault->error;
+    return true;
+  }
+  return false;
+}
+
+/// Writes all `n` bytes; `*written` counts the bytes of the file so far (for
+/// an injected Write fault at a chosen byte).
+bool writeAll(int fd, const void *data, size_t n, int *err,
+              uint64_t *written) {
+  const auto *p = static_cast<const uint8_t *>(data);
+  while (n > 0) {
+    size_t chunk = std::min<size_t>(n, size_t(1) << 30);
+    if (injectedFault && injectedFault->stage == WriteStage::Write) {
+      uint64_t at = injectedFault->at_byte;
+      if (*written >= at) {
+        *err = injectedFault->error;
+        return false;
+      }
+      chunk = size_t(std::min<uint64_t>(chunk, at - *written));
+    }
+    ssize_t w = ::write(fd, p, chunk);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      *err = errno;
+      return false;
+    }
+    if (w == 0) {
+      *err = EIO;
+      return false;
+    }
+    p += w;
+    n -= size_t(w);
+    *written += uint64_t(w);
+  }
+  return true;
+}
+
+/// The directory part of `path` ("." when it has none) and the file name.
+void splitPath(const std::string &path, std::string *dir, std::string *base) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) {
+    *dir = ".";
+    *base = path;
+  } else {
+    *dir = slash == 0 ? "/" : path.substr(0, slash);
+    *base = path.substr(slash + 1);
+  }
+}
+
+std::atomic<uint64_t> tempCounter{0};
+
+/// Whether `name` is "<prefix><digits>-<digits>" and, if so, the pid.
+bool parseTempName(const std::string &name, const std::string &prefix,
+                   long *pid) {
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix))
+    return false;
+  size_t i = prefix.size(), start = i;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9')
+    ++i;
+  if (i == start || i - start > 9 || i >= name.size() || name[i] != '-')
+    return false;
+  *pid = std::stol(name.substr(start, i - start));
+  size_t j = ++i;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9')
+    ++i;
+  return i > j && i == name.size();
+}
+
+/// Removes the temporaries that killed writers of `dir`/`base` left: names
+/// ".<base>.tmp-<pid>-<n>" (what write_file creates for this target and no
+/// other), regular files of this user, whose process is gone, and which no
+/// writer holds locked (every writer holds an exclusive flock on its
+/// temporary until the rename). Best effort: errors are ignored.
+void removeStaleTemporaries(const std::string &dir, const std::string &base) {
+  const std::string prefix = "." + base + ".tmp-";
+  DIR *d = ::opendir(dir.c_str());
+  if (!d)
+    return;
+  std::vector<std::string> stale;
+  while (struct dirent *e = ::readdir(d)) {
+    std::string name = e->d_name;
+    long pid = 0;
+    if (!parseTempName(name, prefix, &pid))
+      continue;
+    if (pid == long(::getpid()))
+      continue; // this process's own writers (other threads)
+    if (pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno == EPERM))
+      continue; // the writer may still be alive
+    stale.push_back(name);
+  }
+  ::closedir(d);
+  for (const std::string &name : stale) {
+    std::string full = (dir == "/" ? std::string("/") : dir + "/") + name;
+    int fd = ::open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW |
+                                      O_NONBLOCK);
+    if (fd < 0)
+      continue;
+    struct stat st;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_uid == ::geteuid() && ::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      // Still the same file at that name? Then nobody writes it: remove.
+      struct stat now;
+      if (::lstat(full.c_str(), &now) == 0 && now.st_ino == st.st_ino &&
+          now.st_dev == st.st_dev)
+        ::unlink(full.c_str());
+    }
+    ::close(fd);
+  }
+}
+
+} // namespace
+
+void set_write_fault_for_testing(std::optional<WriteFault> fault) {
+  injectedFault = fault;
+}
+
+//===----------------------------------------------------------------------===//
+// Writing
+//===----------------------------------------------------------------------===//
+
+Status write_file(const std::string &path, const std::vector<TensorRef> &tensors,
+                  const std::map<std::string, std::string> &metadata) {
+  const std::string where = path + ": ";
+  if (path.empty())
+    return Status::error("safetensors: empty output path");
+  std::string dir, base;
+  splitPath(path, &dir, &base);
+  if (base.empty() || base == "." || base == "..")
+    return Status::error(where + "the path names a directory, not a file");
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return Status::error(where + "is a directory; expected a file path");
+  // Symbolic links are followed: the link's final target is written (and
+  // replaced atomically), the link itself is kept.
+  std::string target = path;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    char *real = ::realpath(path.c_str(), nullptr);
+    if (!real)
+      return Status::error(where + "is a symbolic link that does not resolve "
+                                   "to an existing file (" +
+                           errnoText(errno) +
+                           "); checkpoints follow links only to existing "
+                           "regular files");
+    target = real;
+    std::free(real);
+    splitPath(target, &dir, &base);
+  }
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    return Status::error(where + (target == path ? "is " : "links to ") +
+                         abi::file_kind(st.st_mode) +
+                         ", not a regular file; checkpoints are written only "
+                         "to regular files (or new paths)");
+
+  try {
+    // Validate the tensors and lay out the data section in the given order.
+    std::vector<int64_t> begin(tensors.size()), size(tensors.size());
+    std::set<std::string> names;
+    int64_t offset = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorRef &t = tensors[i];
+      const std::string tw = where + "tensor " + quote(t.name) + ": ";
+      if (t.name.empty())
+        return Status::error(where + "tensor " + std::to_string(i) +
+                             " has an empty name");
+      if (t.name == kMetadataKey)
+        return Status::error(tw + "the name is reserved for the metadata");
+      if (!names.insert(t.name).second)
+        return Status::error(tw + "the name is used by more than one tensor");
+      if (!parse_dtype(safetensors::dtype_name(t.dtype)))
+        return Status::error(tw + "unsupported dtype");
+      int64_t numel, bytes;
+      for (size_t d = 0; d < t.shape.size(); ++d)
+        if (t.shape[d] < 0)
+          return Status::error(tw + "shape[" + std::to_string(d) + "] is " +
+                               std::to_string(t.shape[d]) +
+                               ", expected a non-negative size");
+      if (!tensorSize(t.dtype, t.shape, &numel, &bytes))
+        return Status::error(tw + describe(t.dtype, t.shape) +
+                             " is too large (its byte size overflows 64 bits)");
+      if (bytes > 0 && t.data == nullptr)
+        return Status::error(tw + "data is null but " +
+                             describe(t.dtype, t.shape) + " needs " +
+                             std::to_string(bytes) + " bytes");
+      if (__builtin_add_overflow(offset, bytes, &offset))
+        return Status::error(where + "the data section is too large");
+      begin[i] = offset - bytes;
+      size[i] = bytes;
+    }
+
+    // The header: __metadata__ first, then the tensors sorted by name.
+    ordered_json header = ordered_json::object();
+    if (!metadata.empty()) {
+      ordered_json m = ordered_json::object();
+      for (const auto &kv : metadata)
+        m[kv.first] = kv.second;
+      header[kMetadataKey] = std::move(m);
+    }
+    std::vector<size_t> order(tensors.size());
+    for (size_t i = 0; i < order.size(); ++i)
+      order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return tensors[a].name < tensors[b].name;
+    });
+    for (size_t i : order) {
+      const TensorRef &t = tensors[i];
+      ordered_json e = ordered_json::object();
+      e["dtype"] = safetensors::dtype_name(t.dtype);
+      e["shape"] = t.shape;
+      e["data_offsets"] = {uint64_t(begin[i]), uint64_t(begin[i] + size[i])};
+      header[t.name] = std::move(e);
+    }
+    std::string text;
+    try {
+      text = header.dump();
+    } catch (const ordered_json::type_error &e) {
+      return Status::error(where +
+                           "a tensor name or metadata string is not valid "
+                           "UTF-8 (" +
+                           e.what() + ")");
+    }
+    text.append((8 - text.size() % 8) % 8, ' ');
+    if (text.size() > kMaxHeaderBytes)
+      return Status::error(where + "the header would be " +
+                           std::to_string(text.size()) +
+                           " bytes, more than the format's maximum of " +
+                           std::to_string(kMaxHeaderBytes));
+    uint8_t len[8];
+    uint64_t n = text.size();
+    std::memcpy(len, &n, 8); // little-endian host
+
+    removeStaleTemporaries(dir, base);
+
+    // A fresh temporary file next to the target, locked while written (so
+    // a later save can tell a live writer's temporary from a stale one).
+    std::string tmp;
+    int fd = -1;
+    for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+      tmp = (dir == "/" ? std::string("/") : dir + "/") + "." + base + ".tmp-" +
+            std::to_string(::getpid()) + "-" +
+            std::to_string(tempCounter.fetch_add(1));
+      int openErr = 0;
+      if (faultAt(WriteStage::Open, &openErr)) {
+        errno = openErr;
+        fd = -1;
+      } else {
+        fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                    0666);
+      }
+      if (fd < 0 && errno != EEXIST)
+        return Status::error(where + "cannot create the temporary file " +
+                             quote(tmp) + ": " + errnoText(errno));
+    }
+    if (fd >= 0)
+      (void)::flock(fd, LOCK_EX | LOCK_NB);
+    if (fd < 0)
+      return Status::error(where + "cannot create a temporary file in " +
+                           quote(dir) + ": names in use");
+
+    auto fail = [&](const std::string &what, int err) {
+      if (fd >= 0)
+        ::close(fd);
+      ::unlink(tmp.c_str());
+      return Status::error(where + what + ": " + errnoText(err));
+    };
+    int err = 0;
+    uint64_t written = 0;
+    if (!writeAll(fd, len, 8, &err, &written) ||
+        !writeAll(fd, text.data(), text.size(), &err, &written))
+      return fail("writing the header to " + quote(tmp), err);
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (size[i] > 0 &&
+          !writeAll(fd, tensors[i].data, size_t(size[i]), &err, &written))
+        return fail("writing tensor " + quote(tensors[i].name) + " to " +
+                        quote(tmp),
+                    err);
+    if (faultAt(WriteStage::Fsync, &err))
+      return fail("fsync of " + quote(tmp), err);
+    if (::fsync(fd) != 0)
+      return fail("fsync of " + quote(tmp), errno);
+    if (faultAt(WriteStage::Rename, &err))
+      return fail("renaming " + quote(tmp) + " to the target", err);
+    // Rename while still holding the lock, then close.
+    if (::rename(tmp.c_str(), target.c_str()) != 0)
+      return fail("renaming " + quote(tmp) + " to the target", errno);
+    int closeResult = ::close(fd);
+    fd = -1;
+    if (closeResult != 0)
+      return Status::error(where + "written, but closing it failed: " +
+                           errnoText(errno));
+
+    // Make the rename durable.
+    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+      return Status::error(where + "written, but opening its directory " +
+                           quote(dir) + " to fsync it failed: " +
+                           errnoText(errno));
+    int syncResult = ::fsync(dfd);
+    int syncErr = errno;
+    ::close(dfd);
+    if (syncResult != 0 && syncErr != EINVAL) // EINVAL: not supported there
+      return Status::error(where + "written, but the fsync of its directory " +
+                           quote(dir) + " failed: " + errnoText(syncErr));
+    return Status::success();
+  } catch (const std::bad_alloc &) {
+    return Status::error(where + "out of memory");
+  } catch (const std::exception &e) {
+    return Status::error(where + "internal error: " + e.what());
+  }
+}
+
+} // namespace flashopt::host::safetensors
