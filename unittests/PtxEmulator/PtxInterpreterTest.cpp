@@ -213,6 +213,14 @@ TEST_CASE("PTX interpreter: conversions round and saturate as the PTX ISA "
   CHECK(convert("cvt.rni.s32.f32", bits(2.5f)) == 2);
   CHECK(convert("cvt.rni.s32.f32", bits(3.5f)) == 4);
   CHECK(convert("cvt.rmi.s32.f32", bits(-0.5f)) == 0xFFFFFFFFu);
+  // The 32-bit forms the encodes' guarded conversions lower to
+  // (flashopt-convert-to-nvvm): NaN of either sign -> 0.
+  CHECK(convert("cvt.rzi.s32.f32", 0x7FC00000u) == 0);
+  CHECK(convert("cvt.rzi.s32.f32", 0xFFFFFFFFu) == 0);
+  CHECK(convert("cvt.rmi.s32.f32", 0xFFC00001u) == 0);
+  CHECK(convert("cvt.rmi.u32.f32", 0x7FFFFFFFu) == 0);
+  CHECK(convert("cvt.rmi.s32.f32", bits(-127.5f)) == uint32_t(-128));
+  CHECK(convert("cvt.rzi.s32.f32", bits(-127.5f)) == uint32_t(-127));
   CHECK(convert("cvt.rpi.u32.f32", bits(0.25f)) == 1);
   // Round to integral in f32.
   CHECK(convert("cvt.rmi.f32.f32", bits(-0.5f)) == bits(-1.0f));

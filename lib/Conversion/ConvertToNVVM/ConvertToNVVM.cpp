@@ -22,6 +22,7 @@
 #include "mlir/Conversion/FuncToLLVM/ConvertFuncToLLVM.h"
 #include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
 #include "mlir/Conversion/LLVMCommon/ConversionTarget.h"
+#include "mlir/Conversion/LLVMCommon/Pattern.h"
 #include "mlir/Conversion/LLVMCommon/TypeConverter.h"
 #include "mlir/Conversion/MathToLLVM/MathToLLVM.h"
 #include "mlir/Conversion/UBToLLVM/UBToLLVM.h"
@@ -31,6 +32,7 @@
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/IR/Matchers.h"
 #include "mlir/Interfaces/DataLayoutInterfaces.h"
 #include "mlir/Transforms/DialectConversion.h"
 
@@ -59,6 +61,95 @@ void applyTritonCompatFlags(gpu::GPUModuleOp module) {
                 arith::FastMathFlagsAttr::get(op->getContext(), flags));
   });
 }
+
+/// Whether `y` is NaN whenever `a` is: `y` is `a`, or is computed from it
+/// by operations that return NaN for a NaN operand (on that operand).
+bool nanPropagatesTo(Value a, Value y, int depth = 0) {
+  if (y == a)
+    return true;
+  Operation *op = y.getDefiningOp();
+  if (!op || depth > 8)
+    return false;
+  if (isa<arith::AddFOp, arith::SubFOp, arith::MulFOp, arith::MaximumFOp,
+          arith::MinimumFOp, math::FmaOp>(op))
+    return llvm::any_of(op->getOperands(), [&](Value v) {
+      return nanPropagatesTo(a, v, depth + 1);
+    });
+  if (isa<math::AbsFOp, math::FloorOp, math::TruncOp, arith::NegFOp>(op))
+    return nanPropagatesTo(a, op->getOperand(0), depth + 1);
+  if (auto cs = dyn_cast<math::CopySignOp>(op))
+    return nanPropagatesTo(a, cs.getLhs(), depth + 1);
+  return false;
+}
+
+/// A float-to-integer conversion behind a NaN guard, the form every code
+/// and correction encode ends in (docs/NUMERICS.md §1, §2):
+///     fptosi(select(isnan(a), 0.0, y))     y NaN whenever a is
+/// as one PTX cvt.rzi (cvt.rmi when y = floor(w): the floor folded in):
+/// PTX float-to-integer conversions give 0 for NaN and saturate, so the
+/// guard is the conversion's own behaviour (arith's fptosi leaves NaN
+/// undefined, hence the select in the target-independent IR; the PTX
+/// interpreter models cvt the same way). Results narrower than 32 bits are
+/// truncated from the i32: the guarded value is in range (the encodes clamp
+/// it), and an out-of-range fptosi is poison anyway. Vectors are unrolled
+/// (the intrinsics are scalar; NVPTX scalarizes the vector arithmetic too).
+template <typename ConvOp, bool Signed>
+struct GuardedFloatToIntLowering : public ConvertOpToLLVMPattern<ConvOp> {
+  using ConvertOpToLLVMPattern<ConvOp>::ConvertOpToLLVMPattern;
+  LogicalResult
+  matchAndRewrite(ConvOp op, typename ConvOp::Adaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    auto sel = op.getIn().template getDefiningOp<arith::SelectOp>();
+    if (!sel)
+      return failure();
+    auto cmp = sel.getCondition().template getDefiningOp<arith::CmpFOp>();
+    if (!cmp || cmp.getPredicate() != arith::CmpFPredicate::UNO ||
+        cmp.getLhs() != cmp.getRhs() ||
+        !matchPattern(sel.getTrueValue(), m_AnyZeroFloat()) ||
+        !nanPropagatesTo(cmp.getLhs(), sel.getFalseValue()))
+      return failure();
+    Type inElt = getElementTypeOrSelf(op.getIn().getType());
+    auto outElt = dyn_cast<IntegerType>(getElementTypeOrSelf(op.getType()));
+    if (!inElt.isF32() || !outElt || outElt.getWidth() > 32)
+      return failure();
+    Value src = sel.getFalseValue();
+    const char *intrinsic = Signed ? "llvm.nvvm.f2i.rz" : "llvm.nvvm.f2ui.rz";
+    if (auto fl = src.template getDefiningOp<math::FloorOp>()) {
+      src = fl.getOperand();
+      intrinsic = Signed ? "llvm.nvvm.f2i.rm" : "llvm.nvvm.f2ui.rm";
+    }
+    Value in = rewriter.getRemappedValue(src);
+    Location loc = op.getLoc();
+    Type i32 = rewriter.getI32Type();
+    auto convert = [&](Value x) -> Value {
+      Value r = LLVM::CallIntrinsicOp::create(rewriter, loc, i32,
+                                              rewriter.getStringAttr(intrinsic),
+                                              ValueRange{x})
+                    .getResult(0);
+      if (outElt.getWidth() < 32)
+        r = LLVM::TruncOp::create(rewriter, loc, outElt, r);
+      return r;
+    };
+    auto vecType = dyn_cast<VectorType>(op.getType());
+    if (!vecType) {
+      rewriter.replaceOp(op, convert(in));
+      return success();
+    }
+    if (vecType.getRank() != 1 || vecType.isScalable())
+      return failure();
+    Type resultType = this->getTypeConverter()->convertType(vecType);
+    Value result = LLVM::PoisonOp::create(rewriter, loc, resultType);
+    for (int64_t i = 0, e = vecType.getNumElements(); i < e; ++i) {
+      Value idx = LLVM::ConstantOp::create(rewriter, loc, i32,
+                                           rewriter.getI32IntegerAttr(i));
+      Value x = LLVM::ExtractElementOp::create(rewriter, loc, in, idx);
+      result = LLVM::InsertElementOp::create(rewriter, loc, result, convert(x),
+                                             idx);
+    }
+    rewriter.replaceOp(op, result);
+    return success();
+  }
+};
 
 struct FlashOptConvertToNVVMPass
     : mlir::flashopt::impl::FlashOptConvertToNVVMBase<
@@ -95,6 +186,10 @@ struct FlashOptConvertToNVVMPass
     // gpu.func, thread ids and shuffles have no competitor at benefit 0;
     // the libdevice patterns in this set lose against the ones above.
     populateGpuToNVVMConversionPatterns(converter, patterns, /*benefit=*/0);
+    // The guarded conversions of the encodes: one cvt each, over arith's.
+    patterns.add<GuardedFloatToIntLowering<arith::FPToSIOp, true>,
+                 GuardedFloatToIntLowering<arith::FPToUIOp, false>>(
+        converter, /*benefit=*/10);
 
     LLVMConversionTarget target(*ctx);
     configureGpuToNVVMConversionLegality(target);

@@ -92,14 +92,16 @@ SmallVector<Value> QuantAttr::emitEncode(OpBuilder &b, Location loc,
   double maxCode = getMaxCode();
   Value scaled = arith::MulFOp::create(b, loc, t, f32Constant(b, loc, maxCode));
   Value half = arith::AddFOp::create(b, loc, scaled, f32Constant(b, loc, 0.5));
-  Value f = math::FloorOp::create(b, loc, half);
+  // clamp(floor(h), lo, N) as floor(clamp(h, lo, N)): the same value, lo and
+  // N being integers (docs/NUMERICS.md §2), with the floor next to the
+  // conversion, where the GPU folds both into one cvt.rmi.
   Value lo = arith::MaximumFOp::create(
-      b, loc, f, f32Constant(b, loc, isSigned() ? -maxCode : 0.0));
+      b, loc, half, f32Constant(b, loc, isSigned() ? -maxCode : 0.0));
   Value clamped =
       arith::MinimumFOp::create(b, loc, lo, f32Constant(b, loc, maxCode));
+  Value f = math::FloorOp::create(b, loc, clamped);
   Value isNan = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, f, f);
-  Value q =
-      arith::SelectOp::create(b, loc, isNan, f32Constant(b, loc, 0.0), clamped);
+  Value q = arith::SelectOp::create(b, loc, isNan, f32Constant(b, loc, 0.0), f);
   Type i8 = b.getI8Type();
   Value code = isSigned() ? arith::FPToSIOp::create(b, loc, i8, q).getResult()
                           : arith::FPToUIOp::create(b, loc, i8, q).getResult();

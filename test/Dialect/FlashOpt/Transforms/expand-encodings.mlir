@@ -72,11 +72,14 @@ flashopt.optimizer @sgd_f32 param(#flashopt.master<f32>) grad(f32) {
 // CHECK: arith.constant -1.270000e+02 : f32
 // CHECK: arith.maximumf
 // CHECK: arith.constant 1.270000e+02 : f32
-// CHECK: arith.minimumf
-// CHECK: math.floor
-// CHECK: math.copysign
-// CHECK: arith.cmpf uno
-// CHECK: %[[RHO:.*]] = arith.fptosi {{.*}} : f32 to i8
+// CHECK: %[[SN:.*]] = arith.minimumf
+// Round half away from zero: s + copysign(0.5, s), truncated by the fptosi.
+// CHECK: %[[HALF:.*]] = math.copysign %{{.*}}, %[[SN]] : f32
+// CHECK: %[[PH:.*]] = arith.addf %[[SN]], %[[HALF]] : f32
+// CHECK-NOT: math.floor
+// CHECK: %[[UNO:.*]] = arith.cmpf uno, %[[SN]], %[[SN]] : f32
+// CHECK: %[[G:.*]] = arith.select %[[UNO]], %{{.*}}, %[[PH]] : f32
+// CHECK: %[[RHO:.*]] = arith.fptosi %[[G]] : f32 to i8
 // A bf16 rounding is a NaN exactly when its f32 operand is: the NaN test is
 // on the f32 value.
 // CHECK: %[[NB:.*]] = arith.bitcast %[[NEW]] : bf16 to i16
@@ -109,8 +112,13 @@ flashopt.optimizer @ecc param(#flashopt.master<bf16, correction = i8>) grad(bf16
 // CHECK: %[[GM:.*]] = flashopt.group_max %[[ABS]] : f32
 // CHECK: %[[A:.*]] = arith.maximumf %[[GM]], %{{.*}} : f32
 // CHECK: %[[S:.*]] = arith.truncf %[[A]] : f32 to f16
-// CHECK: math.floor
-// CHECK: arith.fptosi {{.*}} : f32 to i8
+// The clamp to [-127, 127] before the floor, the floor next to the NaN guard.
+// CHECK: arith.maximumf
+// CHECK: arith.minimumf
+// CHECK: %[[FL:.*]] = math.floor
+// CHECK: %[[FN:.*]] = arith.cmpf uno, %[[FL]], %[[FL]] : f32
+// CHECK: %[[Q:.*]] = arith.select %[[FN]], %{{.*}}, %[[FL]] : f32
+// CHECK: arith.fptosi %[[Q]] : f32 to i8
 // CHECK: arith.bitcast %[[S]] : f16 to i16
 // CHECK: flashopt.store_group 3, %{{.*}} : f16
 // CHECK: flashopt.store_element 2
