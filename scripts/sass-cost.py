@@ -180,21 +180,30 @@ def main_path(insns, labels):
     def region_has(lo, hi, pred):
         return any(pred(k, insns[k]) for k in range(lo, hi))
 
+    def narrow_access(x):
+        return x["op"][:3] in ("LDG", "STG") and any(
+            w in x["op"].split(".") for w in ("U8", "S8", "U16", "S16"))
+
     def vector_path_done(pc):
         """Whether the branch at pc, `@P BRA`, skips the masked alternative of
         a vector access that ptxas if-converted: wide (64- or 128-bit) global
         loads or stores guarded by the same @P right before it (since the last
-        label or branch). A thread in the middle of a tensor took them, so it
-        takes the branch."""
+        label or branch), or a 32-bit one (four packed 8-bit codes) when the
+        skipped region accesses 8- or 16-bit elements one by one. A thread in
+        the middle of a tensor took them, so it takes the branch."""
         guard = insns[pc]["guard"]
         if not guard or guard.startswith("@!"):
             return False
+        t = insns[pc]["target"]
+        skipped_narrow = t in labels and region_has(
+            pc + 1, labels[t], lambda k, x: narrow_access(x))
         label_at = set(labels.values())
         k = pc - 1
         while k >= head and insns[k]["op"][:3] != "BRA":
             x = insns[k]
             if (x["guard"] == guard and x["op"][:3] in ("LDG", "STG")
-                    and (".64" in x["op"] or ".128" in x["op"])):
+                    and (".64" in x["op"] or ".128" in x["op"]
+                         or (skipped_narrow and not narrow_access(x)))):
                 return True
             if k in label_at:
                 break
