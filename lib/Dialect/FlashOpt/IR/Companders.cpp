@@ -52,7 +52,8 @@ static const CompanderInfo kCompanders[] = {
     {Compander::none, std::nullopt, nullptr, nullptr, nullptr, nullptr},
     {Compander::softsign, true, nullptr, softsignForward, softsignInverse,
      nullptr},
-    {Compander::sqrt, false, sqrtForward, nullptr, nullptr, sqrtInverse},
+    {Compander::sqrt, false, sqrtForward, nullptr, nullptr, sqrtInverse,
+     /*nonNegative=*/true},
 };
 
 const CompanderInfo &mlir::flashopt::getCompanderInfo(Compander compander) {

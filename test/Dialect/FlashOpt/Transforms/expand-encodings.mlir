@@ -112,11 +112,11 @@ flashopt.optimizer @ecc param(#flashopt.master<bf16, correction = i8>) grad(bf16
 // CHECK: %[[GM:.*]] = flashopt.group_max %[[ABS]] : f32
 // CHECK: %[[A:.*]] = arith.maximumf %[[GM]], %{{.*}} : f32
 // CHECK: %[[S:.*]] = arith.truncf %[[A]] : f32 to f16
-// The clamp to [-127, 127] before the floor, the floor next to the NaN guard.
-// CHECK: arith.maximumf
-// CHECK: arith.minimumf
+// No clamp to [-127, 127]: |t| <= 1 keeps floor(t*127 + 0.5) there
+// (NUMERICS §2); the floor sits next to the NaN guard.
+// CHECK-NOT: arith.m{{(ax|in)}}imumf
 // CHECK: %[[FL:.*]] = math.floor
-// CHECK: %[[FN:.*]] = arith.cmpf uno, %[[FL]], %[[FL]] : f32
+// CHECK-NEXT: %[[FN:.*]] = arith.cmpf uno, %[[FL]], %[[FL]] : f32
 // CHECK: %[[Q:.*]] = arith.select %[[FN]], %{{.*}}, %[[FL]] : f32
 // CHECK: arith.fptosi %[[Q]] : f32 to i8
 // CHECK: arith.bitcast %[[S]] : f16 to i16
@@ -125,6 +125,9 @@ flashopt.optimizer @ecc param(#flashopt.master<bf16, correction = i8>) grad(bf16
 // CHECK: math.sqrt
 // CHECK: flashopt.group_max
 // CHECK: arith.truncf {{.*}} : f32 to bf16
+// Unsigned codes of a square root (never negative): no clamp either.
+// CHECK-NOT: arith.m{{(ax|in)}}imumf
+// CHECK: math.floor
 // CHECK: arith.fptoui {{.*}} : f32 to i8
 // CHECK: flashopt.store_group 5
 // CHECK: flashopt.store_element 4
@@ -153,5 +156,24 @@ flashopt.optimizer @elided param(#flashopt.master<f16>) grad(f16) {
   flashopt.update(%theta: f32, %g: f32, %m: f32) {
     %t = arith.subf %theta, %g : f32
     flashopt.yield %t, %m : f32, f32
+  }
+}
+
+// -----
+
+// Unsigned codes of a value that can be negative (compand none): the clamp
+// at 0 stays, and only it.
+// CHECK-LABEL: flashopt.kernel @unsigned_linear
+// CHECK: flashopt.group_max
+// CHECK: arith.maximumf
+// CHECK: %[[Z:.*]] = arith.maximumf %{{.*}}, %{{.*}} : f32
+// CHECK-NEXT: %[[FL:.*]] = math.floor %[[Z]] : f32
+// CHECK-NOT: arith.minimumf
+// CHECK: arith.fptoui {{.*}} : f32 to i8
+flashopt.optimizer @unsigned_linear param(#flashopt.master<f32>) grad(f32) {
+  flashopt.state "m" : #flashopt.quant<ui8, group = 32, compand = none, scale = f32>
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    %m1 = arith.addf %m, %g : f32
+    flashopt.yield %theta, %m1 : f32, f32
   }
 }

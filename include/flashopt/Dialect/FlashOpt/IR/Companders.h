@@ -44,6 +44,9 @@ struct CompanderInfo {
   EmitFn expandNormalized;
   /// Decode: the inverse of compressValue, after the scale (sqrt: x · x).
   EmitFn expandValue;
+  /// Whether compressValue's result is never negative (sqrt: √x ≥ 0, or
+  /// NaN), so unsigned codes need no clamp at 0.
+  bool nonNegative = false;
 };
 
 /// The table row of `compander`.
