@@ -95,11 +95,22 @@ public:
   Value fieldPow2(Value narrowValue) {
     Type p = narrowValue.getType();
     bool bf = p.isBF16();
-    Value bits16 = arith::BitcastOp::create(b, loc, b.getI16Type(), narrowValue);
-    Value bits = arith::ExtUIOp::create(b, loc, b.getI32Type(), bits16);
-    // F << 23: bf16's field is bits 7..14, f16's bits 10..14.
-    Value field = arith::AndIOp::create(b, loc, bits, i32(bf ? 0x7F80 : 0x7C00));
-    Value at23 = arith::ShLIOp::create(b, loc, field, i32(bf ? 16 : 13));
+    Value at23;
+    if (bf) {
+      // F << 23 is the exponent field of f32(θ') (a bf16 widens by a 16-bit
+      // shift; a NaN's quieting touches only the significand): one AND on
+      // the widened value the decode and encode compute anyway.
+      Value wide = arith::BitcastOp::create(b, loc, b.getI32Type(),
+                                            widen(narrowValue));
+      at23 = arith::AndIOp::create(b, loc, wide, i32(0x7F800000));
+    } else {
+      Value bits16 =
+          arith::BitcastOp::create(b, loc, b.getI16Type(), narrowValue);
+      Value bits = arith::ExtUIOp::create(b, loc, b.getI32Type(), bits16);
+      // F << 23: f16's field is bits 10..14.
+      Value field = arith::AndIOp::create(b, loc, bits, i32(0x7C00));
+      at23 = arith::ShLIOp::create(b, loc, field, i32(13));
+    }
     Value lo = arith::MaxUIOp::create(b, loc, at23, i32(1 << 23));
     Value f = bf ? arith::MinUIOp::create(b, loc, lo, i32(254 << 23)).getResult()
                  : lo;

@@ -56,9 +56,11 @@ flashopt.optimizer @sgd_f32 param(#flashopt.master<f32>) grad(f32) {
 // CHECK: arith.constant 1.270000e+02 : f32
 // CHECK: %[[C:.*]] = arith.divf
 // CHECK: %[[C8:.*]] = arith.mulf %[[C]], %{{.*}} : f32
-// CHECK: arith.bitcast %[[P]] : bf16 to i16
-// CHECK: arith.constant 32640 : i32
-// CHECK: arith.shli {{.*}} : i32
+// The field in the f32 exponent's place: the widened θ' masked.
+// CHECK: %[[PW:.*]] = arith.extf %[[P]] : bf16 to f32
+// CHECK: %[[PB:.*]] = arith.bitcast %[[PW]] : f32 to i32
+// CHECK: arith.constant 2139095040 : i32
+// CHECK: arith.andi %[[PB]], %{{.*}} : i32
 // CHECK: arith.constant 8388608 : i32
 // CHECK: arith.maxui
 // CHECK: arith.constant 2130706432 : i32
