@@ -91,6 +91,17 @@ int64_t cpuInterleave(const target::HostCPU &cpu) {
   return llvm::is_contained(cpu.requires_, "avx2") ? 4 : 1;
 }
 
+/// The x86 vector width of a CPU flavour for flashopt-convert-to-llvm
+/// {x86-vector-bits} (512 with AVX-512, 256 with AVX2, 128 for the x86-64
+/// baseline, 0 for anything else: the guarded conversions stay generic).
+int64_t cpuX86VectorBits(const target::HostCPU &cpu) {
+  if (llvm::is_contained(cpu.requires_, "avx512f"))
+    return 512;
+  if (llvm::is_contained(cpu.requires_, "avx2"))
+    return 256;
+  return cpu.name == "x86-64" ? 128 : 0;
+}
+
 /// The largest dialect file flashopt-gen reads (rule files are a few KiB).
 constexpr uint64_t kMaxDialectInputBytes = uint64_t(64) << 20;
 
@@ -173,8 +184,9 @@ lowerToHostLLVM(const CompileJob &job, const target::HostCPU &cpu,
   OwningOpRef<ModuleOp> module = cloneModule(job);
   bool fma = cpuHasFMA(cpu);
   int64_t interleave = cpuInterleave(cpu);
-  if (failed(runPasses(*module, [fma, interleave](OpPassManager &pm) {
-        buildCPUPipeline(pm, fma, interleave);
+  int64_t x86Bits = cpuX86VectorBits(cpu);
+  if (failed(runPasses(*module, [fma, interleave, x86Bits](OpPassManager &pm) {
+        buildCPUPipeline(pm, fma, interleave, x86Bits);
       })))
     return makeError(failureMessage);
   return module;

@@ -52,12 +52,14 @@ namespace mlir::flashopt {
 /// `fma`: the target CPU has a hardware fused multiply-add, so
 /// flashopt-exact-int-division runs (x86-64-v3: yes; baseline x86-64: no).
 /// `interleave`: full groups per loop iteration (flashopt-to-cpu{interleave}).
+/// `x86VectorBits`: the x86 vector width (512, 256, 128; 0 not x86), for
+/// flashopt-convert-to-llvm{x86-vector-bits}.
 void buildCPUPipeline(OpPassManager &pm, bool fma = true,
-                      int64_t interleave = 1);
+                      int64_t interleave = 1, int64_t x86VectorBits = 0);
 
 /// Adds the part of the CPU pipeline after flashopt-to-cpu: cleanup,
 /// scf → cf, bf16 expansion, flashopt-convert-to-llvm.
-void buildCPULLVMPipeline(OpPassManager &pm);
+void buildCPULLVMPipeline(OpPassManager &pm, int64_t x86VectorBits = 0);
 
 /// Options of the GPU pipeline.
 struct GPUPipelineOptions {

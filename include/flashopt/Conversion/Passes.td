@@ -65,6 +65,14 @@ def FlashOptConvertToLLVM : Pass<"flashopt-convert-to-llvm", "::mlir::ModuleOp">
     ```
   }];
   let dependentDialects = ["::mlir::LLVM::LLVMDialect"];
+  let options = [
+    Option<"x86VectorBits", "x86-vector-bits", "int64_t", /*default=*/"0",
+           "The x86 vector width of the target CPU (512: AVX-512, 256: AVX, "
+           "128: SSE2; 0: not x86): NaN-guarded float-to-integer conversions "
+           "of the encodes become cvttps2dq (AVX-512: cvtps2dq {rd-sae} for a "
+           "floor under the guard), whose NaN result 0x80000000 is 0 in the "
+           "stored i8/i16">,
+  ];
 }
 
 def FlashOptToGPU : Pass<"flashopt-to-gpu", "::mlir::ModuleOp"> {

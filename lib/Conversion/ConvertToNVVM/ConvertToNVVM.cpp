@@ -13,6 +13,7 @@
 ///
 //===----------------------------------------------------------------------===//
 
+#include "flashopt/Conversion/GuardedConversion.h"
 #include "flashopt/Conversion/Passes.h"
 #include "flashopt/Conversion/RawMemoryToLLVM.h"
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
@@ -62,26 +63,6 @@ void applyTritonCompatFlags(gpu::GPUModuleOp module) {
   });
 }
 
-/// Whether `y` is NaN whenever `a` is: `y` is `a`, or is computed from it
-/// by operations that return NaN for a NaN operand (on that operand).
-bool nanPropagatesTo(Value a, Value y, int depth = 0) {
-  if (y == a)
-    return true;
-  Operation *op = y.getDefiningOp();
-  if (!op || depth > 8)
-    return false;
-  if (isa<arith::AddFOp, arith::SubFOp, arith::MulFOp, arith::MaximumFOp,
-          arith::MinimumFOp, math::FmaOp>(op))
-    return llvm::any_of(op->getOperands(), [&](Value v) {
-      return nanPropagatesTo(a, v, depth + 1);
-    });
-  if (isa<math::AbsFOp, math::FloorOp, math::TruncOp, arith::NegFOp>(op))
-    return nanPropagatesTo(a, op->getOperand(0), depth + 1);
-  if (auto cs = dyn_cast<math::CopySignOp>(op))
-    return nanPropagatesTo(a, cs.getLhs(), depth + 1);
-  return false;
-}
-
 /// A float-to-integer conversion behind a NaN guard, the form every code
 /// and correction encode ends in (docs/NUMERICS.md §1, §2):
 ///     fptosi(select(isnan(a), 0.0, y))     y NaN whenever a is
@@ -90,8 +71,8 @@ bool nanPropagatesTo(Value a, Value y, int depth = 0) {
 /// guard is the conversion's own behaviour (arith's fptosi leaves NaN
 /// undefined, hence the select in the target-independent IR; the PTX
 /// interpreter models cvt the same way). Results narrower than 32 bits are
-/// truncated from the i32: the guarded value is in range (the encodes clamp
-/// it), and an out-of-range fptosi is poison anyway. Vectors are unrolled
+/// truncated from the i32: the guarded value is in range (NUMERICS §1, §2),
+/// and an out-of-range fptosi is poison anyway. Vectors are unrolled
 /// (the intrinsics are scalar; NVPTX scalarizes the vector arithmetic too).
 template <typename ConvOp, bool Signed>
 struct GuardedFloatToIntLowering : public ConvertOpToLLVMPattern<ConvOp> {
@@ -99,26 +80,14 @@ struct GuardedFloatToIntLowering : public ConvertOpToLLVMPattern<ConvOp> {
   LogicalResult
   matchAndRewrite(ConvOp op, typename ConvOp::Adaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    auto sel = op.getIn().template getDefiningOp<arith::SelectOp>();
-    if (!sel)
+    GuardedConversion g = matchGuardedConversion(op);
+    if (!g.source)
       return failure();
-    auto cmp = sel.getCondition().template getDefiningOp<arith::CmpFOp>();
-    if (!cmp || cmp.getPredicate() != arith::CmpFPredicate::UNO ||
-        cmp.getLhs() != cmp.getRhs() ||
-        !matchPattern(sel.getTrueValue(), m_AnyZeroFloat()) ||
-        !nanPropagatesTo(cmp.getLhs(), sel.getFalseValue()))
-      return failure();
-    Type inElt = getElementTypeOrSelf(op.getIn().getType());
-    auto outElt = dyn_cast<IntegerType>(getElementTypeOrSelf(op.getType()));
-    if (!inElt.isF32() || !outElt || outElt.getWidth() > 32)
-      return failure();
-    Value src = sel.getFalseValue();
-    const char *intrinsic = Signed ? "llvm.nvvm.f2i.rz" : "llvm.nvvm.f2ui.rz";
-    if (auto fl = src.template getDefiningOp<math::FloorOp>()) {
-      src = fl.getOperand();
-      intrinsic = Signed ? "llvm.nvvm.f2i.rm" : "llvm.nvvm.f2ui.rm";
-    }
-    Value in = rewriter.getRemappedValue(src);
+    auto outElt = cast<IntegerType>(getElementTypeOrSelf(op.getType()));
+    const char *intrinsic =
+        g.floored ? (Signed ? "llvm.nvvm.f2i.rm" : "llvm.nvvm.f2ui.rm")
+                  : (Signed ? "llvm.nvvm.f2i.rz" : "llvm.nvvm.f2ui.rz");
+    Value in = rewriter.getRemappedValue(g.source);
     Location loc = op.getLoc();
     Type i32 = rewriter.getI32Type();
     auto convert = [&](Value x) -> Value {

@@ -25,7 +25,8 @@
 using namespace mlir;
 
 void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma,
-                                      int64_t interleave) {
+                                      int64_t interleave,
+                                      int64_t x86VectorBits) {
   pm.addPass(createFlashOptExpandEncodings());
   // Fast kernels (docs/NUMERICS.md §7) on every flavour: the FMAs are part of
   // their arithmetic (a baseline x86-64 kernel calls fmaf).
@@ -41,17 +42,20 @@ void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma,
   FlashOptToCPUOptions toCPU;
   toCPU.interleave = interleave;
   pm.addPass(createFlashOptToCPU(toCPU));
-  buildCPULLVMPipeline(pm);
+  buildCPULLVMPipeline(pm, x86VectorBits);
 }
 
-void mlir::flashopt::buildCPULLVMPipeline(OpPassManager &pm) {
+void mlir::flashopt::buildCPULLVMPipeline(OpPassManager &pm,
+                                          int64_t x86VectorBits) {
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
   pm.addPass(createSCFToControlFlowPass());
   arith::ArithExpandOpsPassOptions expand;
   expand.includeBf16 = true;
   pm.addPass(arith::createArithExpandOpsPass(expand));
-  pm.addPass(createFlashOptConvertToLLVM());
+  FlashOptConvertToLLVMOptions toLLVM;
+  toLLVM.x86VectorBits = x86VectorBits;
+  pm.addPass(createFlashOptConvertToLLVM(toLLVM));
   pm.addPass(createReconcileUnrealizedCastsPass());
 }
 
@@ -118,6 +122,12 @@ struct CPUPipelineCLOptions
       *this, "interleave",
       llvm::cl::desc("Full groups per loop iteration (flashopt-to-cpu)"),
       llvm::cl::init(1)};
+  PassOptions::Option<int64_t> x86VectorBits{
+      *this, "x86-vector-bits",
+      llvm::cl::desc("x86 vector width, 512/256/128, 0 for not x86 "
+                     "(flashopt-convert-to-llvm; flashopt-gen: from the "
+                     "flavour's features)"),
+      llvm::cl::init(0)};
 };
 } // namespace
 
@@ -138,6 +148,6 @@ void mlir::flashopt::registerFlashOptPipelines() {
       "Lower flashopt optimizers to LLVM dialect host kernels (what "
       "flashopt-gen --target=cpu runs before LLVM code generation)",
       [](OpPassManager &pm, const CPUPipelineCLOptions &cl) {
-        buildCPUPipeline(pm, cl.fma, cl.interleave);
+        buildCPUPipeline(pm, cl.fma, cl.interleave, cl.x86VectorBits);
       });
 }
