@@ -506,7 +506,8 @@ driver::buildBundle(const CompileJob &job,
                          " for the GPU failed");
       k.elements_per_thread = int(gpuElementsPerThread(
           *(*kindModule).getOps<KernelOp>().begin(),
-          options.gpuBytesPerThread, gpuHeavyBudget(chip)));
+          options.gpuBytesPerThread, gpuHeavyBudget(chip),
+          gpuWideBudget(chip)));
     }
     if (ptxas) {
       auto assembled = target::runPtxas(*ptxas, *ptx, chip);

@@ -279,11 +279,12 @@ TEST_CASE("emulated GPU: a broken kernel is caught (mutation tests)") {
       // again instead of 1): group maxima (scales) go wrong.
       {"wrong xor mask in the butterfly",
        R"((shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, )1(, 31, -1;))", "$012$2", 0},
-      // The full-vector test of the tail is off by one (first + 3 <=
-      // numel): the lane holding 3 valid elements takes the unmasked
-      // 4-element path and touches one element past the end.
+      // The full-vector test of the tail is off by one (first + 7 <=
+      // numel; AdamW runs 8 elements per thread): the lane holding 7 valid
+      // elements takes the unmasked 8-element path and touches one element
+      // past the end.
       {"tail predicate off by one",
-       R"((add\.s32\s+%r\d+, %r\d+, )4;(\s+setp\.le\.s32))", "$013;$2", 0},
+       R"((add\.s32\s+%r\d+, %r\d+, )8;(\s+setp\.le\.s32))", "$017;$2", 0},
       // The record search's upper bound is ntensors - 2 (ntensors is
       // param 1, cvt.u32.u64 then - 1): the last record is never found, its
       // tensor never stepped.

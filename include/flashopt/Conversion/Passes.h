@@ -90,11 +90,22 @@ class KernelOp;
 /// bytes-per-thread 0 = automatic). `kernel` must have been through
 /// buildGPUPreLoweringPipeline, as flashopt-to-gpu's input is.
 int64_t gpuElementsPerThread(KernelOp kernel, int64_t bytesPerThread = 0,
-                             int64_t heavyBudget = 24);
+                             int64_t heavyBudget = 24, int64_t wideBudget = 0);
 
 /// flashopt-to-gpu's heavy-budget for `chip` (elements per thread times IEEE
 /// divisions and square roots per element that fit its 64 registers).
 int64_t gpuHeavyBudget(llvm::StringRef chip);
+
+/// flashopt-to-gpu's wide-budget and wide-registers for `chip`: a kernel over
+/// the heavy budget keeps 16-byte accesses at up to wide-registers registers
+/// when elements per thread times its divisions and roots fit wide-budget.
+int64_t gpuWideBudget(llvm::StringRef chip);
+int64_t gpuWideRegisters(llvm::StringRef chip);
+
+/// The gpu.func attribute (i32) by which flashopt-to-gpu gives one kernel a
+/// register cap other than flashopt-convert-to-nvvm's max-registers.
+inline constexpr llvm::StringLiteral kMaxRegistersAttrName =
+    "flashopt.max_registers";
 
 /// Registers the named pipelines (flashopt-cpu-pipeline, ...).
 void registerFlashOptPipelines();

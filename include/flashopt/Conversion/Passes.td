@@ -114,6 +114,13 @@ def FlashOptToGPU : Pass<"flashopt-to-gpu", "::mlir::ModuleOp"> {
            "With bytes-per-thread 0: the largest elements per thread times "
            "IEEE divisions and square roots per element kept at 16 bytes "
            "per access (flashopt-gpu-pipeline sets it per chip)">,
+    Option<"wideBudget", "wide-budget", "int64_t", /*default=*/"0",
+           "With bytes-per-thread 0: a kernel over heavy-budget keeps 16 bytes "
+           "per access when elements per thread times its IEEE divisions and "
+           "square roots fit this, with wide-registers registers (0: never)">,
+    Option<"wideRegisters", "wide-registers", "int64_t", /*default=*/"0",
+           "The register cap of such a kernel (flashopt.max_registers on its "
+           "gpu.func, read by flashopt-convert-to-nvvm)">,
   ];
   let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",
                            "::mlir::vector::VectorDialect", "::mlir::arith::ArithDialect"];

@@ -176,9 +176,15 @@ struct FlashOptConvertToNVVMPass
       // A register budget: without one ptxas may trade spills for
       // occupancy on its own (48 registers and a 4-byte spill for AdamW on
       // sm_90 instead of 56 and none).
-      if (maxRegisters > 0)
+      // A kernel flashopt-to-gpu gave a cap of its own keeps it.
+      int64_t cap = maxRegisters;
+      if (auto own = fn->getAttrOfType<IntegerAttr>(kMaxRegistersAttrName)) {
+        cap = own.getInt();
+        fn->removeAttr(kMaxRegistersAttrName);
+      }
+      if (cap > 0)
         fn->setAttr(NVVM::NVVMDialect::getMaxnregAttrName(),
-                    IntegerAttr::get(IntegerType::get(ctx, 32), maxRegisters));
+                    IntegerAttr::get(IntegerType::get(ctx, 32), cap));
       if (ftz)
         fn.setDenormalFpMathF32Attr(StringAttr::get(ctx, "preserve-sign"));
     });

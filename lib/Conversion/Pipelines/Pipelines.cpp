@@ -78,6 +78,8 @@ void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
   FlashOptToGPUOptions toGPU;
   toGPU.bytesPerThread = options.bytesPerThread;
   toGPU.heavyBudget = gpuHeavyBudget(options.chip);
+  toGPU.wideBudget = gpuWideBudget(options.chip);
+  toGPU.wideRegisters = gpuWideRegisters(options.chip);
   pm.addPass(createFlashOptToGPU(toGPU));
   GpuNVVMAttachTargetOptions attach;
   attach.chip = options.chip;

@@ -1,5 +1,8 @@
 // RUN: flashopt-opt %s --flashopt-expand-encodings --flashopt-to-gpu | FileCheck %s
 // RUN: flashopt-opt %s --flashopt-expand-encodings --flashopt-to-gpu=bytes-per-thread=16 | FileCheck %s --check-prefix=WIDE
+// RUN: flashopt-opt %s --flashopt-expand-encodings --flashopt-to-gpu="wide-budget=72 wide-registers=96" | FileCheck %s --check-prefix=WIDEREG
+// RUN: flashopt-opt %s --flashopt-expand-encodings --flashopt-to-gpu="wide-budget=8 wide-registers=96" | FileCheck %s
+// RUN: flashopt-opt %s --flashopt-expand-encodings --flashopt-to-gpu="wide-budget=72 wide-registers=96" | flashopt-opt --pass-pipeline='builtin.module(gpu.module(flashopt-convert-to-nvvm))' | FileCheck %s --check-prefix=NVVM
 
 // A bf16 master weight with an i8 correction and a softsign state needs five
 // IEEE divisions per element; eight elements of them in flight would need
@@ -11,8 +14,18 @@
 // CHECK: gpu.shuffle  xor
 // CHECK: gpu.shuffle  xor
 // CHECK-NOT: gpu.shuffle
+// CHECK-NOT: flashopt.max_registers
 // The width can be forced.
 // WIDE: flashopt.raw_load %{{.*}}[%{{.*}}] {alignment = 16 : i64} : vector<8xbf16>
+// With a wide budget the divisions fit (flashopt-gpu-pipeline: 72 at 96
+// registers): 8 elements per thread and a register cap of the kernel's own,
+// which flashopt-convert-to-nvvm turns into the kernel's maxnreg.
+// WIDEREG: gpu.func @heavy
+// WIDEREG-SAME: flashopt.max_registers = 96 : i32
+// WIDEREG: flashopt.raw_load %{{.*}}[%{{.*}}] {alignment = 16 : i64} : vector<8xbf16>
+// NVVM: llvm.func @heavy
+// NVVM-SAME: nvvm.maxnreg = 96 : i32
+// NVVM-NOT: flashopt.max_registers
 flashopt.optimizer @heavy param(#flashopt.master<bf16, correction = i8>) grad(bf16) {
   %lr = flashopt.hyper "lr" default(1.000000e-03) : f32
   flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
