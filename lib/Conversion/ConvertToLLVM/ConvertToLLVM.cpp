@@ -59,7 +59,9 @@ struct X86GuardedConversion : public ConvertOpToLLVMPattern<ConvOp> {
       return failure();
     auto outElt = cast<IntegerType>(vecType.getElementType());
     int64_t lanes = bits / 32, n = vecType.getNumElements();
-    if (outElt.getWidth() > 16 || n % lanes != 0)
+    // Whole slices, concatenated pairwise: a power-of-two count of them.
+    if (outElt.getWidth() > 16 || n % lanes != 0 ||
+        !llvm::isPowerOf2_64(n / lanes))
       return failure();
     bool foldFloor = g.floored && bits == 512;
     Value in = rewriter.getRemappedValue(foldFloor ? g.source : g.guarded);

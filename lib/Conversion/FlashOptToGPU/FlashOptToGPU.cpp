@@ -81,11 +81,11 @@ int64_t elementsPerThread(KernelOp kernel, int64_t bytes) {
 /// element, no spills).
 struct LaneChoice {
   int64_t bytes = 16;
-  /// The kernel's register cap, 0 for the pass's default.
-  int64_t maxRegisters = 0;
+  /// Over the heavy budget, within the wide one: the wide register cap.
+  bool wide = false;
 };
 LaneChoice chooseLanes(KernelOp kernel, int64_t heavyBudget,
-                       int64_t wideBudget, int64_t wideRegisters) {
+                       int64_t wideBudget) {
   int64_t heavy = 0;
   getGroupBody(kernel).walk([&](Operation *op) {
     if (isa<arith::DivFOp, math::SqrtOp>(op))
@@ -94,9 +94,8 @@ LaneChoice chooseLanes(KernelOp kernel, int64_t heavyBudget,
   LaneChoice c;
   if (elementsPerThread(kernel, c.bytes) * heavy <= heavyBudget)
     return c;
-  if (wideRegisters > 0 &&
-      elementsPerThread(kernel, c.bytes) * heavy <= wideBudget) {
-    c.maxRegisters = wideRegisters;
+  if (elementsPerThread(kernel, c.bytes) * heavy <= wideBudget) {
+    c.wide = true;
     return c;
   }
   while (elementsPerThread(kernel, c.bytes) > kMinElementsPerThread &&
@@ -408,9 +407,7 @@ int64_t mlir::flashopt::gpuElementsPerThread(KernelOp kernel,
   int64_t bytes =
       bytesPerThread > 0
           ? bytesPerThread
-          : chooseLanes(kernel, heavyBudget, wideBudget,
-                        wideBudget > 0 ? /*any cap*/ 1 : 0)
-                .bytes;
+          : chooseLanes(kernel, heavyBudget, wideBudget).bytes;
   return std::min<int64_t>(elementsPerThread(kernel, bytes),
                            int64_t(kernel.getGroupSize()));
 }
@@ -428,8 +425,9 @@ struct FlashOptToGPUPass
       if (bytesPerThread > 0)
         c.bytes = bytesPerThread;
       else
-        c = chooseLanes(k, heavyBudget, wideBudget, wideRegisters);
-      if (failed(lowerKernel(k, blockSize, c.bytes, c.maxRegisters)))
+        c = chooseLanes(k, heavyBudget, wideRegisters > 0 ? wideBudget : 0);
+      if (failed(lowerKernel(k, blockSize, c.bytes,
+                             c.wide ? wideRegisters : 0)))
         return signalPassFailure();
     }
   }

@@ -44,3 +44,25 @@ module {
     return
   }
 }
+
+// Three 512-bit slices (six of 256, twelve of 128) do not concatenate
+// pairwise: the generic lowering.
+// V4-LABEL: llvm.func @odd(
+// V4-NOT: llvm.call_intrinsic
+// V4: llvm.fptosi
+// V3-LABEL: llvm.func @odd(
+// V3-NOT: llvm.call_intrinsic
+// V3: llvm.fptosi
+// SSE-LABEL: llvm.func @odd(
+// SSE-NOT: llvm.call_intrinsic
+// SSE: llvm.fptosi
+module {
+  func.func @odd(%x: vector<48xf32>, %p: !llvm.ptr) {
+    %zero = arith.constant dense<0.0> : vector<48xf32>
+    %n = arith.cmpf uno, %x, %x : vector<48xf32>
+    %g = arith.select %n, %zero, %x : vector<48xi1>, vector<48xf32>
+    %code = arith.fptosi %g : vector<48xf32> to vector<48xi8>
+    llvm.store %code, %p : vector<48xi8>, !llvm.ptr
+    return
+  }
+}
