@@ -17,6 +17,9 @@
 #   flashopt-gpu-bench      AdamW 1e6/1e8/1e9 params vs device copy; 300 small tensors
 #   all bundles at 1e9      every shipped bundle, one tensor of 1e9 params, vs a
 #                           device copy of the same bytes (issue 13 item 4)
+#   Adam at 4 lanes, 1e9    AdamW-24 (exact, fast) at 4 elements per thread and 64
+#                           registers (--prepare builds them), to set against the
+#                           shipped 8 lanes at .maxnreg 96 in gpu-bench-all.md
 #   ncu dynamic counts      Nsight Compute (if present): warp-instructions, DRAM
 #                           bytes and SM clock of one launch of the key bundles
 #   model vs measured       scripts/sass-cost.py --measured: the static model's
@@ -102,6 +105,22 @@ if [[ "${1:-}" == "--prepare" ]]; then
   else
     echo "device-check --prepare: scripts/sass-cost.py failed (nvdisasm?); no model-vs-measured table" >&2
   fi
+  # The Adam family also at 4 elements per thread and 64 registers (the shape
+  # before 8 lanes at .maxnreg 96, docs/PERFORMANCE.md), so that the device
+  # run times both shapes of the same kernels.
+  GEN=${FLASHOPT_GEN:-$ROOT/build/bin/flashopt-gen}
+  rm -rf "$DEPS/kernels-narrow"
+  if [[ -x "$GEN" ]]; then
+    mkdir -p "$DEPS/kernels-narrow"
+    for s in adamw_bf16_m24 adamw_bf16_m24_fast; do
+      "$GEN" "specs/$s.json" --target=sm_80,sm_90,sm_100 --gpu-bytes-per-thread=8 \
+        -o "$DEPS/kernels-narrow" >/dev/null ||
+        echo "device-check --prepare: the 4-lane $s did not build" >&2
+    done
+    echo "device-check --prepare: 4-lane Adam bundles in $DEPS/kernels-narrow"
+  else
+    echo "device-check --prepare: no $GEN; no 4-lane Adam bundles to compare" >&2
+  fi
   echo "device-check --prepare: $n bundles in $KERNELS; build dependencies in $DEPS ($(du -sh "$DEPS" | cut -f1))"
   echo "On the GPU machine (carry $KERNELS and $DEPS): bash scripts/device-check.sh"
   [[ $ok -eq 1 ]] && exit 0 || exit 1
@@ -166,7 +185,7 @@ finish() {
   say "logs: $LOGS"
   if [[ -n "${OUT:-}" ]]; then
     mkdir -p "$OUT"
-    for f in summary.md device-check.log gpu-bench-all.md model-vs-measured.md gpu-check.txt; do
+    for f in summary.md device-check.log gpu-bench-all.md gpu-bench-narrow.md model-vs-measured.md gpu-check.txt; do
       [[ -f "$LOGS/$f" ]] && cp "$LOGS/$f" "$OUT/"
     done
     tar czf "$OUT/device-check-logs.tgz" -C "$LOGS" . && say "logs also in \$OUT: device-check-logs.tgz"
@@ -389,6 +408,19 @@ run_step "gpu-bench all 1e9" 120 "$LOGS/gpu-bench-all.md" \
 N=$(grep -cE '^\| [a-z0-9_]+ \| 1e9 \| 1 \| 1 \| [0-9]' "$LOGS/gpu-bench-all.md")
 record "gpu-bench all 1e9" "$(status_of $RC)" "$STEP_TIME" "$N bundles timed"
 ((RC != 0)) && FAILED=1
+
+# The same Adam kernels at 4 lanes and 64 registers (--prepare built them):
+# does 8 lanes at .maxnreg 96 pay on the device?
+if [[ "$(count_bundles "$DEPS/kernels-narrow")" -gt 0 ]]; then
+  run_step "Adam at 4 lanes, 1e9" 30 "$LOGS/gpu-bench-narrow.md" \
+    "$BUILD/bin/flashopt-gpu-bench" --kernels "$DEPS/kernels-narrow" \
+    --bundle adamw_bf16_m24,adamw_bf16_m24_fast --sizes 1e9 --no-small --iters 10 --warmup 2
+  S=$(grep -E '^\| adamw_bf16_m24 \| 1e9 ' "$LOGS/gpu-bench-narrow.md" | head -1 | cut -c1-120)
+  record "Adam at 4 lanes, 1e9" "$(status_of $RC)" "$STEP_TIME" "${S:-see gpu-bench-narrow.md} (8 lanes: gpu-bench-all.md)"
+  ((RC != 0)) && FAILED=1
+else
+  record "Adam at 4 lanes, 1e9" "skipped" 0 "no $DEPS/kernels-narrow (run --prepare)"
+fi
 
 # Dynamic counts of the key bundles (one steady-state launch each at 1e8:
 # the third step, after two that fill the 8-bit states with real codes; the
