@@ -20,6 +20,8 @@
 #   Adam at 4 lanes, 1e9    AdamW-24 (exact, fast) at 4 elements per thread and 64
 #                           registers (--prepare builds them), to set against the
 #                           shipped 8 lanes at .maxnreg 96 in gpu-bench-all.md
+#   SGD/Lion at 16 lanes    SGD-24 and Lion-24 (exact, fast) at 16 elements per thread
+#                           and 96 registers, against the shipped 8 lanes at 64
 #   ncu dynamic counts      Nsight Compute (if present): warp-instructions, DRAM
 #                           bytes and SM clock of one launch of the key bundles
 #   model vs measured       scripts/sass-cost.py --measured: the static model's
@@ -118,6 +120,16 @@ if [[ "${1:-}" == "--prepare" ]]; then
         echo "device-check --prepare: the 4-lane $s did not build" >&2
     done
     echo "device-check --prepare: 4-lane Adam bundles in $DEPS/kernels-narrow"
+    # SGD and Lion at 16 lanes and 96 registers (docs/PERFORMANCE.md, "Left
+    # for a device run to decide"), against the shipped 8 lanes at 64.
+    rm -rf "$DEPS/kernels-wide16"
+    mkdir -p "$DEPS/kernels-wide16"
+    for s in sgd_bf16_m24 sgd_bf16_m24_fast lion_bf16_m24 lion_bf16_m24_fast; do
+      "$GEN" "specs/$s.json" --target=sm_80,sm_90,sm_100 --gpu-bytes-per-thread=32 \
+        --gpu-max-registers=96 -o "$DEPS/kernels-wide16" >/dev/null ||
+        echo "device-check --prepare: the 16-lane $s did not build" >&2
+    done
+    echo "device-check --prepare: 16-lane SGD/Lion bundles in $DEPS/kernels-wide16"
   else
     echo "device-check --prepare: no $GEN; no 4-lane Adam bundles to compare" >&2
   fi
@@ -185,7 +197,7 @@ finish() {
   say "logs: $LOGS"
   if [[ -n "${OUT:-}" ]]; then
     mkdir -p "$OUT"
-    for f in summary.md device-check.log gpu-bench-all.md gpu-bench-narrow.md model-vs-measured.md gpu-check.txt; do
+    for f in summary.md device-check.log gpu-bench-all.md gpu-bench-narrow.md gpu-bench-wide16.md model-vs-measured.md gpu-check.txt; do
       [[ -f "$LOGS/$f" ]] && cp "$LOGS/$f" "$OUT/"
     done
     tar czf "$OUT/device-check-logs.tgz" -C "$LOGS" . && say "logs also in \$OUT: device-check-logs.tgz"
@@ -420,6 +432,19 @@ if [[ "$(count_bundles "$DEPS/kernels-narrow")" -gt 0 ]]; then
   ((RC != 0)) && FAILED=1
 else
   record "Adam at 4 lanes, 1e9" "skipped" 0 "no $DEPS/kernels-narrow (run --prepare)"
+fi
+
+# SGD and Lion at 16 lanes and 96 registers (--prepare built them).
+if [[ "$(count_bundles "$DEPS/kernels-wide16")" -gt 0 ]]; then
+  run_step "SGD/Lion at 16 lanes, 1e9" 40 "$LOGS/gpu-bench-wide16.md" \
+    "$BUILD/bin/flashopt-gpu-bench" --kernels "$DEPS/kernels-wide16" \
+    --bundle sgd_bf16_m24,sgd_bf16_m24_fast,lion_bf16_m24,lion_bf16_m24_fast \
+    --sizes 1e9 --no-small --iters 10 --warmup 2
+  S=$(grep -E '^\| sgd_bf16_m24 \| 1e9 ' "$LOGS/gpu-bench-wide16.md" | head -1 | cut -c1-120)
+  record "SGD/Lion at 16 lanes, 1e9" "$(status_of $RC)" "$STEP_TIME" "${S:-see gpu-bench-wide16.md} (8 lanes: gpu-bench-all.md)"
+  ((RC != 0)) && FAILED=1
+else
+  record "SGD/Lion at 16 lanes, 1e9" "skipped" 0 "no $DEPS/kernels-wide16 (run --prepare)"
 fi
 
 # Dynamic counts of the key bundles (one steady-state launch each at 1e8:

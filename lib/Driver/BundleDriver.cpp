@@ -299,6 +299,7 @@ llvm::Expected<std::string> driver::emitPTXText(const CompileJob &job,
   gpu.ftz = options.ftz;
   gpu.tritonCompat = options.tritonCompat;
   gpu.bytesPerThread = options.gpuBytesPerThread;
+  gpu.maxRegisters = options.gpuMaxRegisters;
   if (failed(runPasses(*module,
                        [&](OpPassManager &pm) { buildGPUPipeline(pm, gpu); })))
     return makeError("lowering " + job.getName() + " for " + chip + " failed");

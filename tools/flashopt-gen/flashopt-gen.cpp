@@ -97,6 +97,12 @@ cl::opt<int> gpuBytesPerThread(
              "0 = chosen per kernel)"),
     cl::init(0), cl::cat(genCategory), cl::Hidden);
 
+cl::opt<int> gpuMaxRegisters(
+    "gpu-max-registers",
+    cl::desc("GPU: every kernel's register cap (.maxnreg; 0 = 64, or 96 for "
+             "the kernels flashopt-to-gpu widens)"),
+    cl::init(0), cl::cat(genCategory), cl::Hidden);
+
 cl::opt<std::string> kernelKind(
     "kernel",
     cl::desc("Which kernel --emit=kernel-ir/llvm/obj/ptx makes: step (the "
@@ -213,6 +219,7 @@ int main(int argc, char **argv) {
   options.ftz = ftzOpt;
   options.tritonCompat = tritonCompatOpt;
   options.gpuBytesPerThread = gpuBytesPerThread;
+  options.gpuMaxRegisters = gpuMaxRegisters;
   options.runPtxas = !noPtxas;
   if (!::flashopt::abi::parse_kernel_kind(kernelKind, options.kernel)) {
     llvm::errs() << "flashopt-gen: error: --kernel=" << kernelKind

@@ -67,6 +67,9 @@ struct GPUPipelineOptions {
   /// Bytes of the widest per-element stream per thread access; 0 = chosen
   /// per kernel (see flashopt-to-gpu).
   int64_t bytesPerThread = 0;
+  /// Every kernel's register cap (flashopt-convert-to-nvvm's max-registers);
+  /// 0 = 64, and wide-registers for the kernels flashopt-to-gpu widens.
+  int64_t maxRegisters = 0;
   bool ftz = false;
   bool tritonCompat = false;
 };

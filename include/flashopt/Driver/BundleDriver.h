@@ -66,6 +66,9 @@ struct DriverOptions {
   bool tritonCompat = false;
   /// GPU: bytes of the widest stream per thread access (0 = per kernel).
   int64_t gpuBytesPerThread = 0;
+  /// GPU: every kernel's register cap (0 = 64, or the wide cap flashopt-to-gpu
+  /// gives a kernel it widens); for experiments (scripts/device-check.sh).
+  int64_t gpuMaxRegisters = 0;
   /// Assemble cubins with ptxas when it is installed.
   bool runPtxas = true;
   /// Which kernel the single-kernel emit stages (kernel-ir, llvm, obj, ptx)

@@ -92,6 +92,8 @@ void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
   FlashOptConvertToNVVMOptions nvvm;
   nvvm.ftz = options.ftz;
   nvvm.tritonCompat = options.tritonCompat;
+  if (options.maxRegisters > 0)
+    nvvm.maxRegisters = options.maxRegisters;
   gpm.addPass(createFlashOptConvertToNVVM(nvvm));
   gpm.addPass(createCanonicalizerPass());
   gpm.addPass(createCSEPass());
