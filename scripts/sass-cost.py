@@ -7,9 +7,12 @@ main path of the grid-stride loop:
 
   - executed SASS instructions (thread-instructions per element),
   - MUFU, shared-memory, shuffle and global-memory instructions per element,
+    and conversions from or to 64-bit types (F2F.F64.F32 ...: the same
+    16-per-clock unit as MUFU),
   - registers and spills (ptxas's figures, recorded in the manifest),
   - the predicted step time for N parameters on the chip, issue-bound vs
-    memory-bound, and the % of copy bandwidth that prediction reaches.
+    memory-bound (or bound by that 16-per-clock unit), and the % of copy
+    bandwidth that prediction reaches.
 
 The main path (see docs/PERFORMANCE.md, "GPU: static issue-cost model"): the
 kernel's largest backward branch is the grid-stride loop; one iteration is
@@ -77,6 +80,12 @@ CHIPS = {
 ISSUE_PER_CLK_PER_SM = 4  # warp-instructions (one per SM sub-partition)
 WARP = 32
 STEP_PARAMS = 8e9  # the step time is predicted for 8B parameters in one tensor
+# MUFU operations and conversions from or to 64-bit types run at 16 results per
+# clock per SM on sm_80/sm_90/sm_100 (CUDA C++ Programming Guide, "Arithmetic
+# Instructions" throughput table), an eighth of the issue rate. The model
+# assumes they share one unit (the conservative reading) and bounds the step
+# by it as well as by issue and memory.
+XU_PER_CLK_PER_SM = 16
 
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "ui8": 1, "i16": 2, "ui16": 2,
                "u8": 1, "u16": 2, "i32": 4, "ui32": 4}
@@ -265,11 +274,15 @@ def main_path(insns, labels):
 
 
 def classify(ops):
-    c = {"total": len(ops), "mufu": 0, "shared": 0, "shfl": 0, "global": 0, "branch": 0}
+    c = {"total": len(ops), "mufu": 0, "conv64": 0, "shared": 0, "shfl": 0, "global": 0,
+         "branch": 0}
     for op in ops:
-        base = op.split(".")[0]
+        parts = op.split(".")
+        base = parts[0]
         if base == "MUFU":
             c["mufu"] += 1
+        elif base in ("F2F", "I2F", "F2I") and any(t in ("F64", "S64", "U64") for t in parts[1:]):
+            c["conv64"] += 1
         elif base in ("LDS", "STS", "ATOMS", "LDSM", "STSM", "REDS"):
             c["shared"] += 1
         elif base == "SHFL":
@@ -324,6 +337,7 @@ def analyse(kernels_dir, nvdisasm, archs):
                 "loop_insns": c["total"],
                 "insns_per_elt": round(c["total"] / w, 2),
                 "mufu_per_elt": round(c["mufu"] / w, 2),
+                "conv64_per_elt": round(c["conv64"] / w, 2),
                 "shared_per_elt": round(c["shared"] / w, 2),
                 "shfl_per_elt": round(c["shfl"] / w, 2),
                 "global_per_elt": round(c["global"] / w, 2),
@@ -341,9 +355,12 @@ def predict(row, chip):
     t_mem = STEP_PARAMS * row["bytes_per_param"] / (ch["copy_tbs"] * 1e12)
     budget = ch["copy_tbs"] * 0  # placeholder for clarity below
     budget = issue_rate * row["bytes_per_param"] / (ch["copy_tbs"] * 1e12)  # insns/elt at memory speed
-    t = max(t_issue, t_mem)
-    return {"chip": chip, "ms_issue": t_issue * 1e3, "ms_mem": t_mem * 1e3, "ms": t * 1e3,
-            "bound": "issue" if t_issue > t_mem else "memory",
+    xu_rate = XU_PER_CLK_PER_SM * ch["sms"] * ch["ghz"] * 1e9  # results/s
+    t_xu = STEP_PARAMS * (row["mufu_per_elt"] + row.get("conv64_per_elt", 0.0)) / xu_rate
+    t = max(t_issue, t_mem, t_xu)
+    bound = "issue" if t == t_issue and t > t_mem else ("memory" if t == t_mem else "MUFU/conversion")
+    return {"chip": chip, "ms_issue": t_issue * 1e3, "ms_mem": t_mem * 1e3, "ms_xu": t_xu * 1e3,
+            "ms": t * 1e3, "bound": bound,
             "pct_copy": 100.0 * t_mem / t, "budget_insns_per_elt": budget,
             "issue_pct_of_budget": 100.0 * row["insns_per_elt"] / budget}
 
@@ -372,6 +389,7 @@ def report(rows, chips, markdown):
         else:
             s = (f"{r['bundle']:28s} {r['arch']:6s} W={r['elements_per_thread']} "
                  f"SASS/elt={r['insns_per_elt']:7.1f} MUFU/elt={r['mufu_per_elt']:5.2f} "
+                 f"cvt64/elt={r.get('conv64_per_elt', 0.0):4.2f} "
                  f"shared/elt={r['shared_per_elt']:4.2f} SHFL/elt={r['shfl_per_elt']:4.2f} "
                  f"regs={r['registers']} spills={r['spill_stores']}/{r['spill_loads']} "
                  f"B/param={r['bytes_per_param']:.3f}")
