@@ -39,6 +39,11 @@ void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma,
     pm.addPass(createFlashOptExactIntDivision());
     pm.addPass(createFlashOptExactGroupDivision());
   }
+  // No flashopt-uniform-division here: its binary64 arithmetic made
+  // AdamW-24 slower on the AVX-512 EPYC of docs/PERFORMANCE.md (x86-64-v4,
+  // 1e7, one thread: 590 -> 490 Mparams/s) than the vdivps it replaces (a
+  // multiply alone, without the tie snap that makes it exact for every
+  // divisor, was +3 % on v4 and within noise on v3).
   FlashOptToCPUOptions toCPU;
   toCPU.interleave = interleave;
   pm.addPass(createFlashOptToCPU(toCPU));
@@ -70,6 +75,9 @@ void mlir::flashopt::buildGPUPreLoweringPipeline(OpPassManager &pm) {
   // zero code (measured on an H200: 42 of sgd_bf16_m24's 180 SASS/elt).
   pm.addPass(createFlashOptExactIntDivision());
   pm.addPass(createFlashOptExactGroupDivision());
+  // Divisions by a per-step value (Adam's bias corrections) in binary64,
+  // proven correctly rounded: 6 SASS against div.rn's ~10.
+  pm.addPass(createFlashOptUniformDivision());
 }
 
 void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
