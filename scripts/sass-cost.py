@@ -369,9 +369,9 @@ def report(rows, chips, markdown):
     if markdown:
         print(f"Predicted for {STEP_PARAMS:.0e} parameters in one tensor; budget = thread-"
               "instructions per element that the issue rate allows at copy speed.\n")
-        print("| bundle | arch | elt/thread | SASS/elt | MUFU/elt | shared/elt | SHFL/elt | regs | spills |"
+        print("| bundle | arch | elt/thread | SASS/elt | MUFU/elt | cvt64/elt | shared/elt | SHFL/elt | regs | spills |"
               + "".join(f" {c} ms (bound) | {c} % of copy | {c} % of budget |" for c in chips))
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|---:|" * len(chips))
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|---:|" * len(chips))
     for r in rows:
         preds = [predict(r, c) for c in chips if CHIPS[c]["arch"] == r["arch"]]
         if not preds:
@@ -384,7 +384,8 @@ def report(rows, chips, markdown):
                                                       f"{p['pct_copy']:.0f} %",
                                                       f"{p['issue_pct_of_budget']:.0f} %"]
             print(f"| {r['bundle']} | {r['arch']} | {r['elements_per_thread']} | {r['insns_per_elt']:.1f} | "
-                  f"{r['mufu_per_elt']:.2f} | {r['shared_per_elt']:.2f} | {r['shfl_per_elt']:.2f} | "
+                  f"{r['mufu_per_elt']:.2f} | {r.get('conv64_per_elt', 0.0):.2f} | "
+                  f"{r['shared_per_elt']:.2f} | {r['shfl_per_elt']:.2f} | "
                   f"{r['registers']} | {r['spill_stores']}/{r['spill_loads']} | " + " | ".join(cells) + " |")
         else:
             s = (f"{r['bundle']:28s} {r['arch']:6s} W={r['elements_per_thread']} "
