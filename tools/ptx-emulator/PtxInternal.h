@@ -8,7 +8,8 @@
 /// What the interpreter's parts share (PtxEmulator.h is the interface): the
 /// decoded instruction model (types, modifiers, operands), the kernel a
 /// module's parser builds, and the opcode decoder the parser calls.
-/// PtxOpcodes.cpp decodes opcodes, PtxParser.cpp parses modules,
+/// PtxOpcodes.cpp decodes opcodes, PtxParser.cpp parses modules
+/// (PtxKernelChecks.cpp checks operands and finds reconvergence points),
 /// PtxExecutor.cpp (with PtxFloat.h) runs kernels.
 ///
 //===----------------------------------------------------------------------===//
@@ -143,6 +144,10 @@ std::vector<std::string> split(const std::string &s, char c);
 /// throws for what the interpreter does not implement.
 void decodeOpcode(const std::string &text, Inst &I);
 
+/// Throws (ParseError, with the instruction's line) unless `I` has the
+/// operand count and kinds its opcode takes (PtxKernelChecks.cpp).
+void checkOperands(Inst &I);
+
 } // namespace detail
 
 struct KernelImpl {
@@ -164,6 +169,16 @@ struct ConstData {
   std::deque<std::vector<uint8_t>> store;
   std::vector<std::pair<uint64_t, uint64_t>> ranges; ///< [address, bytes)
 };
+
+/// Sets every branch's reconvergence point: the immediate post-dominator of
+/// its block, over basic blocks with a virtual exit (pc = code size) reached
+/// by ret (PtxKernelChecks.cpp).
+void computeReconvergence(KernelImpl &k);
+
+/// Why `k` cannot be launched with these dimensions and a parameter buffer
+/// of `paramBytes` (empty: it can); PtxKernelChecks.cpp.
+std::string launchError(const KernelImpl &k, const LaunchDims &dims,
+                        size_t paramBytes);
 
 } // namespace flashopt::ptxemu
 
