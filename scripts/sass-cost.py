@@ -21,7 +21,8 @@ way a thread in the middle of a large tensor goes:
   - a branch that skips a region calling a slow-path subroutine
     (`$__internal_*_slowpath`, the rarely-taken arms of div.rn/sqrt.rn) is
     taken (the call is skipped); in an if/else whose one arm calls it, the
-    other arm is counted;
+    other arm is counted (so is the fast arm of a flashopt.guarded, whose
+    exact fallback divides: docs/NUMERICS.md §2c has how often it runs);
   - a branch that skips a region containing a loop (the binary search of the
     tensor table) is taken: one tensor per launch;
   - in any other if/else, the shorter arm is counted (the full-width vector

@@ -250,6 +250,28 @@ inline uint32_t arith32(Op op, Rnd r, bool ftz, uint32_t a,
   return ftz ? ftz32(o) : o;
 }
 
+/// rcp.approx.f32 / sqrt.approx.f32 (Op::RcpF / Op::SqrtF, `.ftz` or not):
+/// the hardware gives some value within its documented bound (rcp: 1 ulp;
+/// sqrt: a relative 2^-23), not a specified one. `away == false` models it
+/// as the correctly rounded result; `away == true` as the other faithful
+/// rounding whenever the result is inexact (one ulp off, still within both
+/// bounds): the adversarial choice, to test code whose correctness rests
+/// only on the bound (flashopt-guarded-quantize).
+inline uint32_t approxF32(Op op, bool ftz, uint32_t a, bool away) {
+  const bool rcp = op == Op::RcpF;
+  auto at = [&](Rnd r) {
+    return rcp ? arith32(Op::DivF, r, ftz, 0x3F800000u, a, 0)
+               : arith32(Op::SqrtF, r, ftz, a, 0, 0);
+  };
+  uint32_t nearest = at(Rnd::RN);
+  if (!away)
+    return nearest;
+  uint32_t down = at(Rnd::RM), up = at(Rnd::RP);
+  if (down == up)
+    return nearest;
+  return nearest == down ? up : down;
+}
+
 /// bf16 a op b (op c), rounded once to nearest even: the exact result
 /// rounded to odd in double (the product of two bf16 values is exact
 /// there), then to odd in f32, then to nearest bf16 (rounding to odd

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cfenv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -32,10 +33,20 @@ using namespace detail;
 
 namespace {
 
+/// How rcp.approx / sqrt.approx are modelled (approxF32):
+/// FLASHOPT_PTX_APPROX=away picks the other faithful rounding wherever the
+/// result is inexact; unset or anything else, the correctly rounded one.
+bool approxAway() {
+  static const bool away = [] {
+    const char *e = std::getenv("FLASHOPT_PTX_APPROX");
+    return e && std::string(e) == "away";
+  }();
+  return away;
+}
+
 //===----------------------------------------------------------------------===//
 // Execution
 //===----------------------------------------------------------------------===//
-
 
 struct Executor {
   const KernelImpl &k;
@@ -463,6 +474,12 @@ struct Executor {
     case Op::FmaF:
     case Op::SqrtF:
     case Op::RcpF:
+      if (I.approx) {
+        lanes(m, [&](int l) {
+          wr(dreg, l, approxF32(I.op, I.ftz, uint32_t(rd(A, l)), approxAway()));
+        });
+        return;
+      }
       if (I.op == Op::RcpF) { // 1 / a, one IEEE rounding
         lanes(m, [&](int l) {
           wr(dreg, l,

@@ -119,6 +119,7 @@ struct Inst {
   Space space = Space::None;
   ShflMode mode = ShflMode::None;
   bool ftz = false, sat = false, nanMode = false, uni = false;
+  bool approx = false; ///< rcp.approx / sqrt.approx (see approxF32)
   uint8_t vec = 1;
   int32_t guard = -1;
   bool guardNeg = false;

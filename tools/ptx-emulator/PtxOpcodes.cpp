@@ -76,6 +76,8 @@ void detail::decodeOpcode(const std::string &text, Inst &I) {
       I.cmp = cmps.at(p);
     } else if (p == "ftz") {
       I.ftz = true;
+    } else if (p == "approx" && (base == "rcp" || base == "sqrt")) {
+      I.approx = true;
     } else if (p == "sat") {
       I.sat = true;
     } else if (p == "NaN") {
@@ -225,10 +227,12 @@ void detail::decodeOpcode(const std::string &text, Inst &I) {
     I.t = types[0];
     if (I.t != T::F32 && I.t != T::F64)
       throw std::runtime_error("rcp of this type is not implemented");
-    if (I.rnd != Rnd::RN && I.rnd != Rnd::RZ && I.rnd != Rnd::RM &&
-        I.rnd != Rnd::RP)
-      throw std::runtime_error("rcp without an IEEE rounding modifier "
-                               "(rcp.approx) is not modelled");
+    if (I.approx && (I.t != T::F32 || I.rnd != Rnd::None))
+      throw std::runtime_error("rcp.approx is modelled for .f32 only");
+    if (!I.approx && I.rnd != Rnd::RN && I.rnd != Rnd::RZ &&
+        I.rnd != Rnd::RM && I.rnd != Rnd::RP)
+      throw std::runtime_error("rcp needs .approx or an IEEE rounding "
+                               "modifier");
     if (I.sat || I.nanMode)
       throw std::runtime_error(".sat/.NaN on rcp");
     I.op = Op::RcpF;
@@ -237,10 +241,12 @@ void detail::decodeOpcode(const std::string &text, Inst &I) {
     I.t = types[0];
     if (I.t != T::F32 && I.t != T::F64)
       throw std::runtime_error("sqrt of this type is not implemented");
-    if (I.rnd != Rnd::RN && I.rnd != Rnd::RZ && I.rnd != Rnd::RM &&
-        I.rnd != Rnd::RP)
-      throw std::runtime_error("sqrt without an IEEE rounding modifier "
-                               "(sqrt.approx) is not modelled");
+    if (I.approx && (I.t != T::F32 || I.rnd != Rnd::None))
+      throw std::runtime_error("sqrt.approx is modelled for .f32 only");
+    if (!I.approx && I.rnd != Rnd::RN && I.rnd != Rnd::RZ &&
+        I.rnd != Rnd::RM && I.rnd != Rnd::RP)
+      throw std::runtime_error("sqrt needs .approx or an IEEE rounding "
+                               "modifier");
     if (I.sat || I.nanMode)
       throw std::runtime_error(".sat/.NaN on sqrt");
     I.op = Op::SqrtF;

@@ -22,7 +22,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <ios>
 #include <string>
 #include <vector>
@@ -370,10 +372,60 @@ TEST_CASE("PTX interpreter: vector accesses are aligned and bounded") {
   CHECK(contains(r.error, "an immediate in a vector destination"));
 }
 
+/// Runs the unary `op` on the 32-bit `a`.
+uint32_t unaryF32(const std::string &op, uint32_t a) {
+  Result r = run("\tmov.b32 %r2, " + std::to_string(a) + ";\n\t" + op +
+                 " %r4, %r2;\n\tst.global.b32 [%rd1], %r4;\n");
+  REQUIRE_MESSAGE(r.ok, r.error);
+  return uint32_t(r.out[0]);
+}
+
+TEST_CASE("PTX interpreter: rcp.approx and sqrt.approx within their bounds") {
+  // The ISA bounds them (rcp: 1 ulp; sqrt: a relative 2^-23) without
+  // fixing the value: correctly rounded by default, the other faithful
+  // rounding under FLASHOPT_PTX_APPROX=away (ctest runs this case both
+  // ways).
+  const char *mode = std::getenv("FLASHOPT_PTX_APPROX");
+  const bool away = mode && std::string(mode) == "away";
+  std::mt19937 rng(5);
+  int inexact = 0;
+  for (int i = 0; i < 200; ++i) {
+    float x = std::ldexp(1.0f + float(rng() % (1u << 23)) * 0x1p-23f,
+                         int(rng() % 60) - 30);
+    for (bool isRcp : {true, false}) {
+      double exact = isRcp ? 1.0 / double(x) : std::sqrt(double(x));
+      float nearest = float(exact);
+      uint32_t got = unaryF32(isRcp ? "rcp.approx.ftz.f32" : "sqrt.approx.ftz.f32",
+                              bits(x));
+      uint32_t rn = bits(nearest);
+      if (double(nearest) == exact) {
+        CHECK(got == rn);
+        continue;
+      }
+      ++inexact;
+      // The two faithful roundings are RN and its neighbour on the other
+      // side of the exact value.
+      uint32_t other = double(nearest) < exact ? rn + 1 : rn - 1;
+      CHECK(got == (away ? other : rn));
+    }
+  }
+  CHECK(inexact > 300);
+  // Specials (PTX ISA tables) and .ftz: a subnormal operand is a zero.
+  CHECK(unaryF32("rcp.approx.ftz.f32", 0) == bits(INFINITY));
+  CHECK(unaryF32("rcp.approx.ftz.f32", 0x80000000u) == bits(-INFINITY));
+  CHECK(unaryF32("rcp.approx.ftz.f32", 1) == bits(INFINITY));
+  CHECK(unaryF32("rcp.approx.ftz.f32", bits(INFINITY)) == 0u);
+  CHECK(unaryF32("sqrt.approx.ftz.f32", 1) == 0u);
+  CHECK(unaryF32("sqrt.approx.ftz.f32", 0x80000000u) == 0x80000000u);
+  CHECK(unaryF32("sqrt.approx.ftz.f32", bits(-1.0f)) == 0x7FFFFFFFu);
+  CHECK(unaryF32("sqrt.approx.f32", 1) != 0u); // kept without .ftz
+  CHECK(unaryF32("sqrt.approx.ftz.f32", bits(4.0f)) == bits(2.0f));
+}
+
 TEST_CASE("PTX interpreter: what it does not implement fails with the name "
           "and line") {
   for (const char *line :
-       {"div.full.f32 %r2, %r1, %r1;", "sqrt.approx.f32 %r2, %r1;",
+       {"div.full.f32 %r2, %r1, %r1;", "rsqrt.approx.f32 %r2, %r1;",
         "div.approx.f32 %r2, %r1, %r1;", "bar.sync 0;",
         "atom.global.add.u32 %r2, [%rd1], 1;", "ld.global.lu.b32 %r2, [%rd2];",
         "fma.rn.sat.f32 %r2, %r1, %r1, %r1;", "ld.b32 %r2, [%rd2];",

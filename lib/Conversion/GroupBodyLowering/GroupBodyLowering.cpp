@@ -225,7 +225,8 @@ public:
   void emitVaryingStep(Operation &op, int64_t p) {
     if (auto gmax = dyn_cast<GroupMaxOp>(op)) {
       if (varying.count(gmax.getValue()) && phaseOf(gmax.getValue()) == p)
-        partialMax[gmax.getResult()] = localMax(op.getLoc(), gmax.getValue());
+        partialMax[gmax.getResult()] =
+            localMax(op.getLoc(), gmax.getValue(), bitOrder(gmax));
       return;
     }
     if (phaseOf(&op) != p || isUniformOp(&op) ||
@@ -253,7 +254,7 @@ public:
     if (env.combineAcrossWorkers) {
       // Absolute values combine as the unsigned max of their bits, as in
       // localMax, so every target agrees on NaN payloads too.
-      if (gmax.getValue().getDefiningOp<math::AbsFOp>()) {
+      if (bitOrder(gmax)) {
         Value bits = arith::BitcastOp::create(b, loc, b.getI32Type(), v);
         bits = env.combineAcrossWorkers(b, loc, bits);
         v = arith::BitcastOp::create(b, loc, b.getF32Type(), bits);
@@ -287,6 +288,13 @@ private:
   VectorType vecOf(Type t) { return vecOf(t, env.width); }
 
   int64_t phaseOf(Operation *op) { return phases.lookup(op); }
+  /// Whether a group maximum is taken over bit patterns as unsigned
+  /// integers: asked for (`bits`), or the same as the float order because
+  /// the operand is an absolute value.
+  static bool bitOrder(GroupMaxOp gmax) {
+    return gmax.getBits() ||
+           gmax.getValue().getDefiningOp<math::AbsFOp>() != nullptr;
+  }
   int64_t phaseOf(Value v) {
     Operation *def = v.getDefiningOp();
     return def && phases.count(def) ? phases.lookup(def) : 0;
@@ -294,7 +302,7 @@ private:
   bool isUniformOp(Operation *op) {
     if (isa<LoadGroupOp, StoreGroupOp>(op))
       return true;
-    if (isa<LoadElementOp, StoreElementOp, GroupMaxOp>(op))
+    if (isa<LoadElementOp, StoreElementOp, GroupMaxOp, GuardedOp>(op))
       return false;
     return llvm::none_of(op->getResults(),
                          [&](Value r) { return varying.count(r); });
@@ -302,17 +310,27 @@ private:
 
   LogicalResult analyze(Block &block) {
     for (Operation &op : block) {
-      if (op.getNumRegions() != 0)
+      if (op.getNumRegions() != 0 && !isa<GuardedOp>(op))
         return op.emitOpError() << "cannot be lowered inside a group body";
       int64_t phase = 0;
       for (Value operand : op.getOperands())
         phase = std::max(phase, phaseOf(operand));
+      // A guarded fallback runs in the phase of everything it uses.
+      bool usesVarying = false;
+      if (auto guarded = dyn_cast<GuardedOp>(op))
+        guarded.getFallback().walk([&](Operation *inner) {
+          for (Value v : inner->getOperands())
+            if (!guarded->isAncestor(v.getParentRegion()->getParentOp())) {
+              phase = std::max(phase, phaseOf(v));
+              usesVarying |= varying.count(v) != 0;
+            }
+        });
       if (auto gmax = dyn_cast<GroupMaxOp>(op))
         phase = phaseOf(gmax.getValue()) +
                 (varying.count(gmax.getValue()) ? 1 : 0);
       phases[&op] = phase;
       maxPhase = std::max(maxPhase, phase);
-      bool isVarying = isa<LoadElementOp>(op) ||
+      bool isVarying = isa<LoadElementOp>(op) || usesVarying ||
                        (!isa<GroupMaxOp, LoadGroupOp>(op) &&
                         llvm::any_of(op.getOperands(), [&](Value v) {
                           return varying.count(v);
@@ -468,10 +486,10 @@ private:
   /// clear, whose IEEE order is the unsigned order of their bit patterns
   /// (NaNs above +inf): an integer max reduction gives the same result as
   /// the NaN-propagating float one, without its compare-and-blend at every
-  /// step. Masked lanes then become +0.0 (all bits clear).
-  Value localMax(Location loc, Value in) {
+  /// step. A `bits` maximum is that integer reduction by definition.
+  /// Masked lanes then become +0.0 (all bits clear).
+  Value localMax(Location loc, Value in, bool nonNegative) {
     Value v = vectorOf(loc, in);
-    bool nonNegative = in.getDefiningOp<math::AbsFOp>() != nullptr;
     auto reduce = [&](OpBuilder &ob, Location l, Value x) -> Value {
       if (!nonNegative)
         return vector::ReductionOp::create(ob, l,
@@ -560,8 +578,84 @@ private:
     return success();
   }
 
+  /// A guarded value: the fast vectors when every lane's guard holds (one
+  /// test of all lanes); otherwise, lane by lane, the fallback region's
+  /// scalar code for each lane whose guard fails. On the GPU the fallback
+  /// is a rarely taken branch (docs/NUMERICS.md §2c gives the rates).
+  void emitGuarded(GuardedOp g) {
+    Location loc = g.getLoc();
+    Value slackV = vectorOf(loc, g.getSlack());
+    Value limit = arith::ConstantOp::create(b, loc, g.getLimitAttr());
+    SmallVector<Value> fastV;
+    SmallVector<Type> types;
+    for (Value f : g.getFast()) {
+      fastV.push_back(vectorOf(loc, f));
+      types.push_back(fastV.back().getType());
+    }
+    // One scalar compare per lane, and-ed: on the GPU predicates, which
+    // stay live into the fallback without taking registers (a reduction of
+    // a boolean vector costs NVPTX a mask assembly of ~5 ops per lane).
+    SmallVector<Value> okL;
+    Value all;
+    for (int64_t lane = 0; lane < env.width; ++lane) {
+      okL.push_back(arith::CmpFOp::create(
+          b, loc, arith::CmpFPredicate::OLE,
+          vector::ExtractOp::create(b, loc, slackV, lane), limit));
+      all = all ? arith::AndIOp::create(b, loc, all, okL.back()).getResult()
+                : okL.back();
+    }
+    auto ifOp = scf::IfOp::create(b, loc, types, all, /*withElse=*/true);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(ifOp.thenBlock());
+      scf::YieldOp::create(b, loc, fastV);
+      b.setInsertionPointToStart(ifOp.elseBlock());
+      SmallVector<Value> cur = fastV;
+      auto yield = cast<YieldOp>(g.getFallback().front().getTerminator());
+      for (int64_t lane = 0; lane < env.width; ++lane) {
+        SmallVector<Type> scalarTypes = llvm::to_vector(g.getResultTypes());
+        auto inner = scf::IfOp::create(b, loc, scalarTypes, okL[lane],
+                                       /*withElse=*/true);
+        OpBuilder::InsertionGuard laneGuard(b);
+        b.setInsertionPointToStart(inner.thenBlock());
+        SmallVector<Value> kept;
+        for (Value v : cur)
+          kept.push_back(vector::ExtractOp::create(b, loc, v, lane));
+        scf::YieldOp::create(b, loc, kept);
+        b.setInsertionPointToStart(inner.elseBlock());
+        IRMapping m;
+        auto lookup = [&](Value v) -> Value {
+          if (Value local = m.lookupOrNull(v))
+            return local;
+          if (varying.count(v))
+            return vector::ExtractOp::create(b, loc, vectorOf(loc, v), lane);
+          return scalarOf(v);
+        };
+        for (Operation &op : g.getFallback().front().without_terminator()) {
+          for (Value operand : op.getOperands())
+            if (!m.contains(operand))
+              m.map(operand, lookup(operand));
+          b.clone(op, m);
+        }
+        SmallVector<Value> exact;
+        for (Value v : yield.getValues())
+          exact.push_back(lookup(v));
+        scf::YieldOp::create(b, loc, exact);
+        b.setInsertionPointAfter(inner);
+        for (size_t j = 0; j < cur.size(); ++j)
+          cur[j] =
+              vector::InsertOp::create(b, loc, inner.getResult(j), cur[j], lane);
+      }
+      scf::YieldOp::create(b, loc, cur);
+    }
+    for (auto [orig, res] : llvm::zip(g.getResults(), ifOp.getResults()))
+      vectors[orig] = res;
+  }
+
   void emitVarying(Operation &op) {
     Location loc = op.getLoc();
+    if (auto guarded = dyn_cast<GuardedOp>(op))
+      return emitGuarded(guarded);
     IRMapping m;
     for (Value operand : op.getOperands())
       m.map(operand, vectorOf(loc, operand));

@@ -70,6 +70,9 @@ void mlir::flashopt::buildGPUPreLoweringPipeline(OpPassManager &pm) {
   // Decodes that divide or take a root as a 256-entry table read (an address
   // and one cached load against ~12 SASS per division).
   pm.addPass(createFlashOptDecodeTables());
+  // Softsign and sqrt codes from one MUFU per element behind a guard that
+  // proves them exact, the exact chain as a rarely taken fallback.
+  pm.addPass(createFlashOptGuardedQuantize());
   // Code decodes (k / 127, k / 255) as a multiply and two FMAs, proven exact
   // for every code: div.rn costs ~12 SASS, and its slow path runs for every
   // zero code (measured on an H200: 42 of sgd_bf16_m24's 180 SASS/elt).

@@ -208,6 +208,60 @@ struct TableLookupLowering : ConvertOpToLLVMPattern<TableLookupOp> {
   unsigned addressSpace;
 };
 
+/// `flashopt.rcp_approx` / `flashopt.sqrt_approx`: on NVPTX (address space
+/// 1) one `rcp.approx.ftz.f32` / `sqrt.approx.ftz.f32` per lane (MUFU.RCP,
+/// MUFU.SQRT); on the host the IEEE division and square root, which meet
+/// the ops' error bounds.
+template <typename ApproxOp, bool IsRcp>
+struct ApproxLowering : ConvertOpToLLVMPattern<ApproxOp> {
+  ApproxLowering(const LLVMTypeConverter &c, unsigned as)
+      : ConvertOpToLLVMPattern<ApproxOp>(c), addressSpace(as) {}
+
+  LogicalResult
+  matchAndRewrite(ApproxOp op, typename ApproxOp::Adaptor adaptor,
+                  ConversionPatternRewriter &rw) const override {
+    Location loc = op.getLoc();
+    Value x = adaptor.getX();
+    Type type = x.getType();
+    if (addressSpace != 1) {
+      if (!IsRcp) {
+        rw.replaceOp(op, LLVM::SqrtOp::create(rw, loc, x));
+        return success();
+      }
+      Attribute one = rw.getF32FloatAttr(1.0f);
+      if (auto vt = dyn_cast<VectorType>(type))
+        one = DenseElementsAttr::get(vt, rw.getF32FloatAttr(1.0f));
+      Value c = LLVM::ConstantOp::create(rw, loc, type, cast<TypedAttr>(one));
+      rw.replaceOp(op, LLVM::FDivOp::create(rw, loc, c, x));
+      return success();
+    }
+    StringRef name = IsRcp ? "llvm.nvvm.rcp.approx.ftz.f" : "llvm.nvvm.sqrt.approx.ftz.f";
+    Type f32 = rw.getF32Type();
+    auto one = [&](Value v) -> Value {
+      return LLVM::CallIntrinsicOp::create(rw, loc, f32,
+                                           rw.getStringAttr(name), ValueRange{v})
+          .getResult(0);
+    };
+    auto vt = dyn_cast<VectorType>(type);
+    if (!vt) {
+      rw.replaceOp(op, one(x));
+      return success();
+    }
+    Type i32 = rw.getI32Type();
+    Value out = LLVM::PoisonOp::create(rw, loc, type);
+    for (int64_t i = 0; i < vt.getNumElements(); ++i) {
+      Value pos = LLVM::ConstantOp::create(rw, loc, i32,
+                                           rw.getI32IntegerAttr(int32_t(i)));
+      Value lane = LLVM::ExtractElementOp::create(rw, loc, x, pos);
+      out = LLVM::InsertElementOp::create(rw, loc, out, one(lane), pos);
+    }
+    rw.replaceOp(op, out);
+    return success();
+  }
+
+  unsigned addressSpace;
+};
+
 } // namespace
 
 void mlir::flashopt::populateRawMemoryToLLVMPatterns(
@@ -216,4 +270,6 @@ void mlir::flashopt::populateRawMemoryToLLVMPatterns(
   patterns.add<RawLoadLowering, RawStoreLowering>(converter, addressSpace,
                                                   bf16AsInt);
   patterns.add<TableLookupLowering>(converter, addressSpace);
+  patterns.add<ApproxLowering<RcpApproxOp, true>,
+               ApproxLowering<SqrtApproxOp, false>>(converter, addressSpace);
 }

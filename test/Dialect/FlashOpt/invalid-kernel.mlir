@@ -119,3 +119,42 @@ flashopt.kernel @k group_size(32) buffers([]) hypers([]) {
   flashopt.group_body {
   }
 }
+
+// -----
+
+flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"p", f32, element, readwrite>]) hypers([]) {
+  flashopt.group_body {
+    %p = flashopt.load_element 0 : f32
+    %c = arith.constant 1 : i8
+    // expected-error @+1 {{fast value #0 has type 'f32', result 'i8'}}
+    %g = flashopt.guarded %p, %p {limit = 0.25 : f32} : f32 -> i8 {
+      flashopt.yield %c : i8
+    }
+  }
+}
+
+// -----
+
+flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"p", f32, element, readwrite>]) hypers([]) {
+  flashopt.group_body {
+    %p = flashopt.load_element 0 : f32
+    %g = flashopt.guarded %p, %p {limit = 0.25 : f32} : f32 -> f32 {
+      %c = arith.constant 1 : i8
+      // expected-error @+1 {{yields 1 values whose types differ from the guarded results}}
+      flashopt.yield %c : i8
+    }
+  }
+}
+
+// -----
+
+flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"p", f32, element, readwrite>]) hypers([]) {
+  flashopt.group_body {
+    %p = flashopt.load_element 0 : f32
+    %g = flashopt.guarded %p, %p {limit = 0.25 : f32} : f32 -> f32 {
+      // expected-error @+1 {{is not allowed in a guarded fallback (element-wise scalar code only)}}
+      %m = flashopt.group_max %p : f32
+      flashopt.yield %m : f32
+    }
+  }
+}

@@ -66,8 +66,20 @@ flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"param", f32, elemen
     %mh = arith.truncf %m : f32 to f16
     // CHECK: flashopt.store_group 1, %{{.*}} : f16
     flashopt.store_group 1, %mh : f16
+    // CHECK: flashopt.group_max %{{.*}} {bits} : f32
+    %mb = flashopt.group_max %p {bits} : f32
+    // CHECK: flashopt.rcp_approx %{{.*}} : f32
+    %r = flashopt.rcp_approx %mb : f32
+    // CHECK: flashopt.sqrt_approx %{{.*}} : f32
+    %q = flashopt.sqrt_approx %r : f32
+    // CHECK: %[[G:.*]] = flashopt.guarded %{{.*}}, %{{.*}} {limit = 2.500000e-01 : f32} : f32 -> f32 {
+    // CHECK:   flashopt.yield %{{.*}} : f32
+    %g = flashopt.guarded %a, %q {limit = 0.25 : f32} : f32 -> f32 {
+      %e = math.sqrt %r : f32
+      flashopt.yield %e : f32
+    }
     // CHECK: flashopt.store_element 0, %{{.*}} : f32
-    flashopt.store_element 0, %p : f32
+    flashopt.store_element 0, %g : f32
   }
 }
 

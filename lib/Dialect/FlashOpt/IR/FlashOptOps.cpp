@@ -298,6 +298,44 @@ LogicalResult UpdateOp::verifyRegions() {
     return yield.emitOpError()
            << "must yield " << 1 + numStates << " values (master weight and "
            << numStates << " states), found " << yield.getValues().size();
+  for (auto [i, v] : llvm::enumerate(yield.getValues()))
+    if (!v.getType().isF32())
+      return yield.emitOpError() << "value #" << i << " must be f32, found "
+                                 << v.getType();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// GuardedOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult GuardedOp::verify() {
+  if (getFast().size() != getResults().size())
+    return emitOpError() << "has " << getFast().size() << " fast values for "
+                         << getResults().size() << " results";
+  for (auto [i, pair] :
+       llvm::enumerate(llvm::zip(getFast().getTypes(), getResultTypes())))
+    if (std::get<0>(pair) != std::get<1>(pair))
+      return emitOpError() << "fast value #" << i << " has type "
+                           << std::get<0>(pair) << ", result "
+                           << std::get<1>(pair);
+  Block &block = getFallback().front();
+  if (block.getNumArguments() != 0)
+    return emitOpError() << "fallback region takes no arguments";
+  auto yield = dyn_cast<YieldOp>(block.empty() ? nullptr : &block.back());
+  if (!yield)
+    return emitOpError() << "fallback region must end in flashopt.yield";
+  if (yield.getValues().getTypes() != getResultTypes())
+    return yield.emitOpError()
+           << "yields " << yield.getValues().getTypes().size()
+           << " values whose types differ from the guarded results";
+  for (Operation &op : block.without_terminator())
+    if (op.getNumRegions() != 0 ||
+        isa<LoadElementOp, StoreElementOp, LoadGroupOp, StoreGroupOp,
+            GroupMaxOp>(op))
+      return op.emitOpError()
+             << "is not allowed in a guarded fallback (element-wise scalar "
+                "code only)";
   return success();
 }
 

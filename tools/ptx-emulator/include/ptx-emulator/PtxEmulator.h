@@ -18,7 +18,11 @@
 /// registers, shfl.sync with its member mask checked against the active
 /// lanes, and every arithmetic and conversion instruction it accepts with
 /// the semantics of the PTX ISA (IEEE rounding modes, .ftz, .sat, NaN
-/// rules of min/max, canonical NaN results). What it does not model:
+/// rules of min/max, canonical NaN results). rcp.approx.f32 and
+/// sqrt.approx.f32, whose result the ISA bounds but does not specify, give
+/// the correctly rounded value, or with FLASHOPT_PTX_APPROX=away the other
+/// faithful rounding (the worst the bounds allow, for testing code whose
+/// correctness rests on them). What it does not model:
 /// timing, caches, the memory consistency model (warps run one after the
 /// other, so inter-warp races are invisible), shared memory, barriers,
 /// atomics (all refused as unimplemented). See docs/ARCHITECTURE.md.

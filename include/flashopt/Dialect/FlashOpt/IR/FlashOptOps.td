@@ -170,14 +170,17 @@ def FlashOpt_UpdateOp : FlashOpt_Op<"update", [
 }
 
 def FlashOpt_YieldOp : FlashOpt_Op<"yield", [
-    Pure, Terminator, ReturnLike, HasParent<"UpdateOp">]> {
-  let summary = "Yields the new master weight and states of an update rule";
+    Pure, Terminator, ReturnLike, ParentOneOf<["UpdateOp", "GuardedOp"]>]> {
+  let summary = "Yields the results of an update rule or of a guarded fallback";
   let description = [{
+    In `flashopt.update`: the new master weight and states (f32). In
+    `flashopt.guarded`: the exactly computed values of its results.
+
     ```mlir
     flashopt.yield %theta_new, %m_new : f32, f32
     ```
   }];
-  let arguments = (ins Variadic<F32>:$values);
+  let arguments = (ins Variadic<AnyType>:$values);
   let builders = [OpBuilder<(ins), [{ /* nothing */ }]>];
   let assemblyFormat = "($values^ `:` type($values))? attr-dict";
 }
@@ -316,11 +319,20 @@ def FlashOpt_GroupMaxOp : FlashOpt_Op<"group_max", [Pure, SameOperandsAndResultT
     The result is uniform across the group. Max is order-independent, so
     every back end's reduction tree gives the same bits.
 
+    With `bits`, the maximum of the operands' bit patterns read as unsigned
+    integers: the IEEE order for non-negative values and NaNs with a clear
+    sign bit (NaNs above +inf), while any value with its sign bit set (a
+    negative number, -0, a negative NaN) is above all of those.
+    flashopt-guarded-quantize uses it to take a square root after the
+    maximum instead of before: sqrt of that maximum is NaN exactly when some
+    element's root is NaN (docs/NUMERICS.md §2c).
+
     ```mlir
     %amax = flashopt.group_max %abs : f32
+    %vmax = flashopt.group_max %v {bits} : f32
     ```
   }];
-  let arguments = (ins F32:$value);
+  let arguments = (ins F32:$value, UnitAttr:$bits);
   let results = (outs F32:$result);
   let assemblyFormat = "$value attr-dict `:` type($value)";
 }
@@ -344,6 +356,78 @@ def FlashOpt_TableLookupOp : FlashOpt_Op<"table_lookup", [
                        ElementsAttr:$table);
   let results = (outs AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$result);
   let assemblyFormat = "$index attr-dict `:` type($index) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def FlashOpt_RcpApproxOp : FlashOpt_Op<"rcp_approx", [
+    Pure, ElementwiseMappable, SameOperandsAndResultType]> {
+  let summary = "An approximate reciprocal: within 1 ulp of 1/x";
+  let description = [{
+    For a normal `x` whose reciprocal is normal, any value within one ulp of
+    the exact `1 / x` (not necessarily the one nearest it); subnormal
+    operands and results may be flushed to (sign-preserving) zero. The GPU gives it one
+    `rcp.approx.ftz.f32` (MUFU.RCP, "maximum ulp error is 1 across the full
+    range of inputs" in the PTX ISA); other targets may compute `1 / x`
+    exactly. Only `flashopt-guarded-quantize` creates it, with an operand in
+    [1, 2], where its error bound is part of a proof (docs/NUMERICS.md §2c).
+
+    ```mlir
+    %r = flashopt.rcp_approx %d : f32
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$x);
+  let results = (outs AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$result);
+  let assemblyFormat = "$x attr-dict `:` type($x)";
+}
+
+def FlashOpt_SqrtApproxOp : FlashOpt_Op<"sqrt_approx", [
+    Pure, ElementwiseMappable, SameOperandsAndResultType]> {
+  let summary = "An approximate square root: relative error at most 2^-23 (normal operands)";
+  let description = [{
+    For a positive finite `x`, any value within a relative 2^-23 of the
+    exact square root; a subnormal operand may be flushed to zero first
+    (then the result is a zero: at most 2^-63 from the root); +0 gives +0,
+    -0 gives -0, +inf gives +inf, anything negative or NaN gives NaN. The
+    GPU gives it one `sqrt.approx.ftz.f32` (MUFU.SQRT; the bound is the PTX
+    ISA's); other targets may compute the correctly rounded root, which
+    meets it. Only
+    `flashopt-guarded-quantize` creates it (docs/NUMERICS.md §2c).
+
+    ```mlir
+    %y = flashopt.sqrt_approx %x : f32
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$x);
+  let results = (outs AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$result);
+  let assemblyFormat = "$x attr-dict `:` type($x)";
+}
+
+def FlashOpt_GuardedOp : FlashOpt_Op<"guarded", [
+    HasParent<"GroupBodyOp">, SingleBlock, RecursiveMemoryEffects]> {
+  let summary = "A cheap result where a guard proves it exact, else the region's";
+  let description = [{
+    Per element: the `fast` operands where `slack <= limit` (an ordered
+    compare: a NaN slack fails), else the values the region yields. The
+    region is the exact computation (it may use any value of the enclosing
+    group body); the guard is a proof obligation of the pass that builds the
+    op: wherever it holds, `fast` equals what the region would yield, bit
+    for bit. So the op always means the region's values, and a back end may
+    evaluate the region only for the elements whose guard fails. The
+    group-body lowering tests all of a worker's lanes at once (the maximum
+    of their slacks) and runs the region lane by lane behind that test.
+
+    ```mlir
+    %code = flashopt.guarded %slack, %fast {limit = 0.4998 : f32} : i8 -> i8 {
+      ...
+      flashopt.yield %exact : i8
+    }
+    ```
+  }];
+  let arguments = (ins F32:$slack, F32Attr:$limit, Variadic<AnyType>:$fast);
+  let results = (outs Variadic<AnyType>:$results);
+  let regions = (region SizedRegion<1>:$fallback);
+  let assemblyFormat =
+      "$slack `,` $fast attr-dict `:` type($fast) `->` type($results) $fallback";
   let hasVerifier = 1;
 }
 

@@ -1,0 +1,313 @@
+//===- GuardedQuantize.cpp - flashopt-guarded-quantize -------------------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// 8-bit softsign and sqrt quantization codes from approximate arithmetic
+/// (one MUFU per element) behind a guard that proves them equal to the exact
+/// IEEE codes, with the exact chain as a `flashopt.guarded` fallback.
+///
+/// A code is `floor(w)`, w = RN(RN(t * N) + 0.5). The approximate chain
+/// below computes y' with |y' - RN(t * N)| <= E (docs/NUMERICS.md §2c:
+/// 13.5 u N for softsign, 9 u N for sqrt, u = 2^-24), so wherever
+/// |y' - floor(y' + 0.5)| <= 0.5 - delta, delta > E + 2^-17, the exact code
+/// is floor(y' + 0.5) too. That test is the guard; NaN fails it.
+///
+///   softsign, n = y / a, t = 2n / (1 + |n|), delta = 2^-13:
+///     R  = a < 2^126 ? rcp_approx(a) : NaN                  (per group)
+///     n' = y * R;  y' = (n' * 2N) * rcp_approx(1 + |n'|)
+///   sqrt, y = sqrt(x), n = y / a, t = n, delta = 2^-12:
+///     a  = max(sqrt(group_max(x + 0.0) {bits}), C0)         (per group,
+///          the same bits as max(group_max(|sqrt(x)|), C0))
+///     K  = N * rcp_approx(a);  S = a < 2^60 ? K * K : NaN   (per group)
+///     y' = sqrt_approx(x * S)
+///
+/// The codes of one group body share one flashopt.guarded: one test of a
+/// worker's lanes and one branch per iteration.
+///
+/// Only the i8 codes of flashopt-expand-encodings' quantizer are matched
+/// (checked operation by operation); anything else is left alone.
+///
+//===----------------------------------------------------------------------===//
+
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
+#include "flashopt/Dialect/FlashOpt/Transforms/Passes.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/IR/Matchers.h"
+#include "mlir/Transforms/RegionUtils.h"
+
+#include <cmath>
+
+namespace mlir::flashopt {
+#define GEN_PASS_DEF_FLASHOPTGUARDEDQUANTIZE
+#include "flashopt/Dialect/FlashOpt/Transforms/Passes.h.inc"
+} // namespace mlir::flashopt
+
+using namespace mlir;
+using namespace mlir::flashopt;
+
+namespace {
+
+bool isConst(Value v, double c) {
+  APFloat f(0.0f);
+  return matchPattern(v, m_ConstantFloat(&f)) &&
+         f.convertToDouble() == c;
+}
+
+/// One matched code: the chain from `y` (softsign) or `x` (sqrt) to `conv`.
+struct Site {
+  enum Kind { Softsign, Sqrt } kind;
+  Operation *conv;   // fptosi / fptoui to i8
+  Value y;           // the value divided by the absmax (sqrt(x) for sqrt)
+  Value x;           // sqrt: the radicand
+  Value a;           // maximumf(group_max(absf(y)), c0)
+  double c0 = 0;     // the absmax floor
+  double n = 0;      // N
+  SmallVector<Operation *> chain; // from the division (or sqrt) to conv
+};
+
+/// conv = fpto?i(select(cmpf uno(f, f), 0.0, f)), f = floor(h),
+/// h = addf(mulf(t, N), 0.5), t softsign or plain, n = divf(y, a).
+std::optional<Site> match(Operation *conv) {
+  if (!conv->getResult(0).getType().isInteger(8))
+    return std::nullopt;
+  bool isSigned = isa<arith::FPToSIOp>(conv);
+  auto sel = conv->getOperand(0).getDefiningOp<arith::SelectOp>();
+  if (!sel || !isConst(sel.getTrueValue(), 0.0))
+    return std::nullopt;
+  auto floor = sel.getFalseValue().getDefiningOp<math::FloorOp>();
+  auto isNan = sel.getCondition().getDefiningOp<arith::CmpFOp>();
+  if (!floor || !isNan || isNan.getPredicate() != arith::CmpFPredicate::UNO ||
+      isNan.getLhs() != floor.getResult() || isNan.getRhs() != floor.getResult())
+    return std::nullopt;
+  auto half = floor.getOperand().getDefiningOp<arith::AddFOp>();
+  if (!half || !isConst(half.getRhs(), 0.5))
+    return std::nullopt;
+  auto scaled = half.getLhs().getDefiningOp<arith::MulFOp>();
+  if (!scaled)
+    return std::nullopt;
+  APFloat nAttr(0.0f);
+  if (!matchPattern(scaled.getRhs(), m_ConstantFloat(&nAttr)))
+    return std::nullopt;
+  Site s;
+  s.conv = conv;
+  s.n = nAttr.convertToDouble();
+  Value t = scaled.getLhs();
+  arith::DivFOp div;
+  SmallVector<Operation *> head;
+  if (auto soft = t.getDefiningOp<arith::DivFOp>();
+      soft && isSigned && s.n == 127.0) {
+    // t = divf(mulf(2, n), addf(1, absf(n)))
+    auto two = soft.getLhs().getDefiningOp<arith::MulFOp>();
+    auto den = soft.getRhs().getDefiningOp<arith::AddFOp>();
+    if (!two || !den || !isConst(two.getLhs(), 2.0) ||
+        !isConst(den.getLhs(), 1.0))
+      return std::nullopt;
+    auto abs = den.getRhs().getDefiningOp<math::AbsFOp>();
+    if (!abs || abs.getOperand() != two.getRhs())
+      return std::nullopt;
+    div = two.getRhs().getDefiningOp<arith::DivFOp>();
+    s.kind = Site::Softsign;
+    head = {two, abs, den, soft};
+  } else if (auto d = t.getDefiningOp<arith::DivFOp>();
+             d && !isSigned && s.n == 255.0) {
+    auto root = d.getLhs().getDefiningOp<math::SqrtOp>();
+    if (!root)
+      return std::nullopt;
+    div = d;
+    s.kind = Site::Sqrt;
+    s.x = root.getOperand();
+  } else {
+    return std::nullopt;
+  }
+  if (!div || !div.getType().isF32())
+    return std::nullopt;
+  s.y = div.getLhs();
+  s.a = div.getRhs();
+  // a = maximumf(group_max(absf(y)), c0), c0 > 0.
+  auto mx = s.a.getDefiningOp<arith::MaximumFOp>();
+  APFloat c0(0.0f);
+  if (!mx || !matchPattern(mx.getRhs(), m_ConstantFloat(&c0)) ||
+      !c0.isFiniteNonZero() || c0.isNegative())
+    return std::nullopt;
+  s.c0 = c0.convertToDouble();
+  auto gm = mx.getLhs().getDefiningOp<GroupMaxOp>();
+  if (!gm || gm.getBits())
+    return std::nullopt;
+  auto abs = gm.getValue().getDefiningOp<math::AbsFOp>();
+  if (!abs || abs.getOperand() != s.y)
+    return std::nullopt;
+  if (s.kind == Site::Sqrt)
+    s.chain.push_back(s.y.getDefiningOp());
+  s.chain.push_back(div);
+  s.chain.append(head.begin(), head.end());
+  s.chain.append({scaled, half, floor, isNan, sel, conv});
+  return s;
+}
+
+struct Builder {
+  OpBuilder &b;
+  Location loc;
+  Value c(double v) {
+    return arith::ConstantOp::create(b, loc, b.getF32FloatAttr(float(v)));
+  }
+  Value mul(Value x, Value y) { return arith::MulFOp::create(b, loc, x, y); }
+  Value add(Value x, Value y) { return arith::AddFOp::create(b, loc, x, y); }
+  Value sub(Value x, Value y) { return arith::SubFOp::create(b, loc, x, y); }
+  Value rcp(Value x) { return RcpApproxOp::create(b, loc, x); }
+  /// x where `a < limit` (ordered), else NaN: the uniform range guard.
+  Value belowOrNaN(Value a, double limit, Value x) {
+    Value ok =
+        arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OLT, a, c(limit));
+    return arith::SelectOp::create(b, loc, ok, x, c(NAN));
+  }
+};
+
+GuardedOp rewrite(Site &s) {
+  Operation *conv = s.conv;
+  Location loc = conv->getLoc();
+  OpBuilder b(conv);
+  Builder B{b, loc};
+  Value a = s.a;
+  Value scaledApprox;
+  double delta;
+  if (s.kind == Site::Softsign) {
+    Value r = B.belowOrNaN(a, 0x1p126, B.rcp(a));
+    Value n = B.mul(s.y, r);
+    Value den = B.add(B.c(1.0), math::AbsFOp::create(b, loc, n));
+    scaledApprox = B.mul(B.mul(n, B.c(2.0 * s.n)), B.rcp(den));
+    delta = 0x1p-13;
+  } else {
+    // The absmax from the maximum of the radicands: sqrt is monotonic, so
+    // the same bits (docs/NUMERICS.md §2c), one root per group.
+    auto mx = s.a.getDefiningOp<arith::MaximumFOp>();
+    OpBuilder ab(mx);
+    Builder A{ab, loc};
+    Value z = A.add(s.x, A.c(0.0)); // -0 -> +0
+    auto gm = GroupMaxOp::create(ab, loc, z);
+    gm.setBits(true);
+    Value root = math::SqrtOp::create(ab, loc, gm.getResult());
+    Value a2 = arith::MaximumFOp::create(ab, loc, root, A.c(s.c0));
+    s.a.replaceAllUsesWith(a2);
+    a = a2;
+    Value k = B.mul(B.c(s.n), B.rcp(a));
+    Value scale = B.belowOrNaN(a, 0x1p60, B.mul(k, k));
+    scaledApprox = SqrtApproxOp::create(b, loc, B.mul(s.x, scale));
+    delta = 0x1p-12;
+  }
+  Value w = B.add(scaledApprox, B.c(0.5));
+  Value f = math::FloorOp::create(b, loc, w);
+  Value isNan =
+      arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, f, f);
+  Value q = arith::SelectOp::create(b, loc, isNan, B.c(0.0), f);
+  Operation *codeOp = b.clone(*conv);
+  codeOp->setOperand(0, q);
+  // |y' - floor(y' + 0.5)| <= 0.5 - delta: y' is at least delta from the
+  // half-integers where the code changes (NaN fails the compare).
+  Value slack = math::AbsFOp::create(b, loc, B.sub(scaledApprox, f));
+  Type i8 = conv->getResult(0).getType();
+  auto guarded = GuardedOp::create(b, loc, TypeRange{i8}, slack,
+                                   b.getF32FloatAttr(float(0.5 - delta)),
+                                   ValueRange{codeOp->getResult(0)});
+  Block *body = new Block();
+  guarded.getFallback().push_back(body);
+  OpBuilder rb = OpBuilder::atBlockEnd(body);
+  IRMapping m;
+  for (Operation *op : s.chain)
+    rb.clone(*op, m);
+  YieldOp::create(rb, loc, ValueRange{m.lookup(conv->getResult(0))});
+  conv->getResult(0).replaceAllUsesWith(guarded.getResult(0));
+  return guarded;
+}
+
+/// One guarded op for all of a group body's codes: one test of the
+/// worker's lanes and one branch instead of one per state. The merged op
+/// takes the place of the last one; users of the earlier ones' results
+/// (element stores) move after it.
+void merge(MutableArrayRef<GuardedOp> ops) {
+  if (ops.size() < 2)
+    return;
+  GuardedOp last = ops.back();
+  GuardedOp first = ops.front();
+  for (GuardedOp g : ops.drop_back())
+    for (Operation *user : g->getUsers())
+      if (user->getNumResults() != 0 || user->getBlock() != last->getBlock())
+        return;
+  OpBuilder b(last);
+  Location loc = last.getLoc();
+  Value slack = first.getSlack();
+  float limit = first.getLimit().convertToFloat();
+  SmallVector<Value> fast;
+  SmallVector<Type> types;
+  for (GuardedOp g : ops) {
+    if (g != first)
+      slack = arith::MaximumFOp::create(b, loc, slack, g.getSlack());
+    limit = std::min(limit, g.getLimit().convertToFloat());
+    fast.append(g.getFast().begin(), g.getFast().end());
+    types.append(g.getResultTypes().begin(), g.getResultTypes().end());
+  }
+  auto merged = GuardedOp::create(b, loc, types, slack, b.getF32FloatAttr(limit),
+                                  fast);
+  Block *body = new Block();
+  merged.getFallback().push_back(body);
+  OpBuilder rb = OpBuilder::atBlockEnd(body);
+  SmallVector<Value> yields;
+  for (GuardedOp g : ops) {
+    IRMapping m;
+    Block &old = g.getFallback().front();
+    for (Operation &op : old.without_terminator())
+      rb.clone(op, m);
+    for (Value v : cast<YieldOp>(old.getTerminator()).getValues())
+      yields.push_back(m.lookupOrDefault(v));
+  }
+  YieldOp::create(rb, loc, yields);
+  unsigned next = 0;
+  Operation *after = merged;
+  for (GuardedOp g : ops) {
+    for (Value r : g.getResults()) {
+      Value nr = merged.getResult(next++);
+      SmallVector<Operation *> users(r.getUsers().begin(), r.getUsers().end());
+      llvm::sort(users, [](Operation *x, Operation *y) {
+        return x->isBeforeInBlock(y);
+      });
+      for (Operation *u : users)
+        if (u->isBeforeInBlock(merged)) {
+          u->moveAfter(after);
+          after = u;
+        }
+      r.replaceAllUsesWith(nr);
+    }
+  }
+  for (GuardedOp g : ops)
+    g.erase();
+}
+
+struct FlashOptGuardedQuantizePass
+    : mlir::flashopt::impl::FlashOptGuardedQuantizeBase<
+          FlashOptGuardedQuantizePass> {
+  void runOnOperation() override {
+    getOperation().walk([&](GroupBodyOp body) {
+      SmallVector<Site> sites;
+      for (Operation &op : body.getBody().front())
+        if (isa<arith::FPToSIOp, arith::FPToUIOp>(op))
+          if (auto s = match(&op))
+            sites.push_back(*s);
+      SmallVector<GuardedOp> guarded;
+      for (Site &s : sites)
+        guarded.push_back(rewrite(s));
+      merge(guarded);
+      // The exact chains now live in the fallbacks.
+      IRRewriter rewriter(body.getContext());
+      (void)runRegionDCE(rewriter, body.getBody());
+    });
+  }
+};
+
+} // namespace

@@ -1,0 +1,328 @@
+//===- GuardedQuantizeTest.cpp - flashopt-guarded-quantize's guard --------===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// flashopt-guarded-quantize computes the 8-bit softsign and sqrt codes with
+/// approximate reciprocals and square roots (rcp.approx.ftz: within 1 ulp;
+/// sqrt.approx.ftz: within a relative 2^-23, subnormal operands flushed) and
+/// keeps them only where the guard |y' - floor(y' + 0.5)| <= 0.5 - delta
+/// holds; docs/NUMERICS.md §2c proves that the code then equals the exact
+/// IEEE code. These tests run both chains on the host, the approximations
+/// at the worst their bounds allow (each approximate result either faithful
+/// rounding of the exact value, every combination), and check: wherever the
+/// guard holds the codes agree; the guard fails for NaN and out-of-range
+/// scales; the sqrt path's absmax (a root of the group's largest radicand by
+/// bit order) equals the exact one bit for bit, negatives, -0 and NaN
+/// included; and the guard fails rarely on ordinary data. Inputs include
+/// values built to land on a code boundary and at about the guard's margin
+/// from one, where the guard must do the work.
+///
+//===----------------------------------------------------------------------===//
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float fromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+float ftz(float x) {
+  return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x;
+}
+
+/// The two faithful roundings of 1/d (rcp.approx.ftz, d and the result
+/// normal or flushed): `pick` 0 = the correctly rounded one, 1 = the other.
+float rcpApprox(float d, int pick) {
+  d = ftz(d);
+  float rn = 1.0f / d;
+  if (pick == 0 || !std::isfinite(rn) || rn == 0.0f)
+    return ftz(rn);
+  float e = std::fma(-d, rn, 1.0f); // exact residual
+  if (e == 0.0f)
+    return rn;
+  // e > 0: rn * d < 1, rn below 1/d (for d > 0; the other way for d < 0).
+  bool below = (e > 0) == (d > 0);
+  return ftz(std::nextafter(rn, below ? INFINITY : -INFINITY));
+}
+
+/// The two faithful roundings of sqrt(z) (sqrt.approx.ftz).
+float sqrtApprox(float z, int pick) {
+  z = ftz(z);
+  float rn = std::sqrt(z);
+  if (pick == 0 || !std::isfinite(rn) || rn == 0.0f)
+    return rn;
+  float e = std::fma(-rn, rn, z);
+  if (e == 0.0f)
+    return rn;
+  return std::nextafter(rn, e > 0 ? INFINITY : -INFINITY);
+}
+
+float codeOf(float w) {
+  float f = std::floor(w);
+  return std::isnan(f) ? 0.0f : f;
+}
+
+/// The exact softsign code (flashopt-expand-encodings, N = 127).
+float softsignExact(float x, float a) {
+  float n = x / a;
+  float t = (2.0f * n) / (1.0f + std::fabs(n));
+  return codeOf(t * 127.0f + 0.5f);
+}
+
+struct Fast {
+  float code;
+  bool ok;
+};
+
+Fast guarded(float y, float limit) {
+  float f = std::floor(y + 0.5f);
+  float slack = std::fabs(y - f);
+  return {std::isnan(f) ? 0.0f : f, slack <= limit};
+}
+
+/// The guarded softsign code, `picks` choosing each approximation's
+/// rounding (bit 0: R = rcp(a), bit 1: rcp(1 + |n'|)).
+Fast softsignFast(float x, float a, int picks) {
+  float r = a < 0x1p126f ? rcpApprox(a, picks & 1) : NAN;
+  float n = x * r;
+  float den = 1.0f + std::fabs(n);
+  float y = (n * 254.0f) * rcpApprox(den, (picks >> 1) & 1);
+  return guarded(y, 0.5f - 0x1p-13f);
+}
+
+/// The exact sqrt code (N = 255) for an absmax `a` of the roots.
+float sqrtExact(float v, float a) {
+  float y = std::sqrt(v);
+  return codeOf((y / a) * 255.0f + 0.5f);
+}
+
+Fast sqrtFast(float v, float a, int picks) {
+  float k = 255.0f * rcpApprox(a, picks & 1);
+  float s = a < 0x1p60f ? k * k : NAN;
+  float y = sqrtApprox(v * s, (picks >> 1) & 1);
+  return guarded(y, 0.5f - 0x1p-12f);
+}
+
+/// max(group_max(|sqrt(v)|), 1e-12) as the kernels computed it before.
+float absmaxExact(const std::vector<float> &v) {
+  uint32_t m = 0;
+  for (float x : v)
+    m = std::max(m, bits(std::fabs(std::sqrt(x))));
+  float g = fromBits(m);
+  return std::isnan(g) ? g : std::max(g, 1e-12f);
+}
+
+/// max(sqrt(group_max(v + 0.0) {bits}), 1e-12): the guarded form.
+float absmaxGuarded(const std::vector<float> &v) {
+  uint32_t m = 0;
+  for (float x : v)
+    m = std::max(m, bits(x + 0.0f));
+  float g = std::sqrt(fromBits(m));
+  return std::isnan(g) ? g : std::max(g, 1e-12f);
+}
+
+struct Tally {
+  long cases = 0, guarded = 0, wrong = 0;
+};
+
+void checkSoftsign(float x, float a, Tally &t) {
+  float exact = softsignExact(x, a);
+  for (int picks = 0; picks < 4; ++picks) {
+    Fast f = softsignFast(x, a, picks);
+    ++t.cases;
+    if (!f.ok)
+      continue;
+    ++t.guarded;
+    if (f.code != exact) {
+      ++t.wrong;
+      if (t.wrong < 5)
+        FAIL_CHECK("softsign x=" << x << " a=" << a << " picks=" << picks
+                                 << ": " << f.code << " vs " << exact);
+    }
+  }
+}
+
+void checkSqrt(float v, float a, Tally &t) {
+  float exact = sqrtExact(v, a);
+  for (int picks = 0; picks < 4; ++picks) {
+    Fast f = sqrtFast(v, a, picks);
+    ++t.cases;
+    if (!f.ok)
+      continue;
+    ++t.guarded;
+    if (f.code != exact) {
+      ++t.wrong;
+      if (t.wrong < 5)
+        FAIL_CHECK("sqrt v=" << v << " a=" << a << " picks=" << picks << ": "
+                             << f.code << " vs " << exact);
+    }
+  }
+}
+
+/// A float moved by k ulps.
+float ulps(float x, int k) {
+  uint32_t u = bits(x);
+  return fromBits(uint32_t(int64_t(u) + k));
+}
+
+} // namespace
+
+TEST_CASE("flashopt-guarded-quantize: softsign codes where the guard holds "
+          "are exact") {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  Tally random, edge;
+  for (int i = 0; i < 1500000; ++i) {
+    float a = std::ldexp(1.0f + std::fabs(unit(rng)), int(rng() % 200) - 100);
+    a = std::max(a, 1e-12f);
+    float x = unit(rng) * a;
+    checkSoftsign(x, a, random);
+    if (i % 8 == 0)
+      checkSoftsign(a, a, random), checkSoftsign(-a, a, random);
+  }
+  // Near every code boundary: y = k + 0.5 exactly in reals, then a few ulps
+  // of x either way.
+  // ... and at about the guard's margin from it (y = k + 0.5 + m delta).
+  for (int k = -127; k <= 126; ++k) {
+    for (double m : {0.0, 0.5, -0.5, 0.9, -0.9, 1.1, -1.1, 2.0, -2.0}) {
+      double tt = (k + 0.5 + m * 0x1p-13) / 127.0;
+      if (std::fabs(tt) > 1.0)
+        continue;
+      double n = tt / (2.0 - std::fabs(tt));
+      for (int s = 0; s < 40; ++s) {
+        float a =
+            std::ldexp(1.0f + std::fabs(unit(rng)), int(rng() % 120) - 60);
+        float x0 = float(n * a);
+        for (int d = -3; d <= 3; ++d)
+          checkSoftsign(ulps(x0, d), a, edge);
+      }
+    }
+  }
+  CHECK(random.wrong == 0);
+  CHECK(edge.wrong == 0);
+  // The guard fails rarely on spread-out data (about 2 delta = 2^-12 of
+  // the codes), and does its work at the boundaries.
+  double rate = 1.0 - double(random.guarded) / double(random.cases);
+  MESSAGE("softsign: " << random.cases << " random cases, fallback rate "
+                       << rate << "; " << edge.cases << " near boundaries, "
+                       << edge.cases - edge.guarded << " fell back");
+  CHECK(rate < 1e-3);
+  CHECK(edge.cases - edge.guarded > edge.cases / 4);
+  CHECK(edge.guarded > edge.cases / 4);
+}
+
+TEST_CASE("flashopt-guarded-quantize: sqrt codes where the guard holds are "
+          "exact") {
+  std::mt19937_64 rng(12);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  Tally random, edge;
+  for (int i = 0; i < 1500000; ++i) {
+    float a = std::ldexp(1.0f + unit(rng), int(rng() % 110) - 55);
+    a = std::max(a, 1e-12f);
+    // v up to a^2 (the absmax's radicand), often tiny (squared states).
+    float r = unit(rng);
+    if (i % 3 == 0)
+      r = std::ldexp(r, -int(rng() % 40));
+    float v = (r * a) * (r * a);
+    checkSqrt(v, a, random);
+    if (i % 8 == 0) {
+      float vmax = a * a;
+      checkSqrt(vmax, std::max(std::sqrt(vmax), 1e-12f), random);
+    }
+  }
+  for (int k = 0; k <= 254; ++k) {
+    for (double m : {0.0, 0.5, -0.5, 0.9, -0.9, 1.1, -1.1, 2.0, -2.0}) {
+      double z = (k + 0.5 + m * 0x1p-12) / 255.0;
+      if (z > 1.0)
+        continue;
+      for (int s = 0; s < 40; ++s) {
+        float a = std::ldexp(1.0f + unit(rng), int(rng() % 80) - 40);
+        float v0 = float((z * a) * (z * a));
+        for (int d = -3; d <= 3; ++d)
+          checkSqrt(ulps(v0, d), a, edge);
+      }
+    }
+  }
+  CHECK(random.wrong == 0);
+  CHECK(edge.wrong == 0);
+  double rate = 1.0 - double(random.guarded) / double(random.cases);
+  MESSAGE("sqrt: " << random.cases << " random cases, fallback rate " << rate
+                   << "; " << edge.cases << " near boundaries, "
+                   << edge.cases - edge.guarded << " fell back");
+  CHECK(rate < 1e-3);
+  CHECK(edge.cases - edge.guarded > edge.cases / 4);
+  CHECK(edge.guarded > edge.cases / 4);
+}
+
+TEST_CASE("flashopt-guarded-quantize: special values fall back") {
+  for (int picks = 0; picks < 4; ++picks) {
+    // NaN element, NaN or infinite absmax, an absmax too large for the
+    // reciprocal's range: the guard fails, the exact chain decides.
+    CHECK_FALSE(softsignFast(NAN, 1.0f, picks).ok);
+    CHECK_FALSE(softsignFast(1.0f, NAN, picks).ok);
+    CHECK_FALSE(softsignFast(INFINITY, INFINITY, picks).ok);
+    CHECK_FALSE(softsignFast(1.0f, INFINITY, picks).ok);
+    CHECK_FALSE(softsignFast(1e38f, 0x1p126f, picks).ok);
+    CHECK_FALSE(sqrtFast(NAN, 1.0f, picks).ok);
+    CHECK_FALSE(sqrtFast(1.0f, NAN, picks).ok);
+    CHECK_FALSE(sqrtFast(-1.0f, 1.0f, picks).ok);
+    CHECK_FALSE(sqrtFast(1.0f, 0x1p61f, picks).ok);
+    // Zeros: code 0, guarded (an all-zero group stores codes 0 fast).
+    Fast z = softsignFast(0.0f, 1e-12f, picks);
+    CHECK(z.ok);
+    CHECK(z.code == 0.0f);
+    z = sqrtFast(0.0f, 1e-12f, picks);
+    CHECK(z.ok);
+    CHECK(z.code == 0.0f);
+    // Subnormal radicand products (flushed): code 0, as the exact chain.
+    z = sqrtFast(0x1p-149f, 1.0f, picks);
+    CHECK(z.ok);
+    CHECK(z.code == sqrtExact(0x1p-149f, 1.0f));
+  }
+}
+
+TEST_CASE("flashopt-guarded-quantize: the sqrt absmax from the largest "
+          "radicand is the same bits") {
+  std::mt19937_64 rng(13);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  const float specials[] = {0.0f, -0.0f, -1.0f, -0x1p-149f, NAN, -NAN,
+                            INFINITY, -INFINITY, 0x1p-149f, 3.4e38f, 1e-30f};
+  long compared = 0;
+  for (int g = 0; g < 200000; ++g) {
+    std::vector<float> v(32);
+    int e = int(rng() % 200) - 100;
+    for (float &x : v)
+      x = std::ldexp(unit(rng), e);
+    if (g % 4 == 0) // a special value or two among ordinary ones
+      for (int k = 0; k < 1 + g % 2; ++k)
+        v[rng() % 32] = specials[rng() % (sizeof(specials) / sizeof(float))];
+    if (g % 16 == 1) // all zero, or all -0
+      std::fill(v.begin(), v.end(), g % 32 == 1 ? 0.0f : -0.0f);
+    float exact = absmaxExact(v), fast = absmaxGuarded(v);
+    ++compared;
+    if (std::isnan(exact)) {
+      CHECK(std::isnan(fast));
+    } else if (bits(exact) != bits(fast)) {
+      FAIL_CHECK("group " << g << ": " << exact << " vs " << fast);
+      break;
+    }
+  }
+  CHECK(compared == 200000);
+}
