@@ -8,7 +8,7 @@
 /// flashopt-guarded-quantize computes the 8-bit softsign and sqrt codes with
 /// approximate reciprocals and square roots (rcp.approx.ftz: within 1 ulp;
 /// sqrt.approx.ftz: within a relative 2^-23, subnormal operands flushed) and
-/// keeps them only where the guard |y' - floor(y' + 0.5)| <= 0.5 - delta
+/// keeps them (rint(y')) only where the guard |y' - rint(y')| <= 0.5 - delta
 /// holds; docs/NUMERICS.md §2c proves that the code then equals the exact
 /// IEEE code. These tests run both chains on the host, the approximations
 /// at the worst their bounds allow (each approximate result either faithful
@@ -91,10 +91,28 @@ struct Fast {
   bool ok;
 };
 
+/// code' = rint(y') (floor(y' + 0.5) but at the half-integers, which the
+/// guard excludes), kept where |y' - rint(y')| <= limit.
 Fast guarded(float y, float limit) {
-  float f = std::floor(y + 0.5f);
+  float f = std::nearbyint(y); // round half to even in the default mode
   float slack = std::fabs(y - f);
   return {std::isnan(f) ? 0.0f : f, slack <= limit};
+}
+
+/// The fast mode's softsign code (NUMERICS §7): n = y * RN(1/a), the
+/// quotient 2n / (1 + |n|) IEEE, floor(fma(t, 127, 0.5)).
+float softsignFastModeExact(float x, float a) {
+  float n = x * (1.0f / a);
+  float t = (2.0f * n) / (1.0f + std::fabs(n));
+  return codeOf(std::fma(t, 127.0f, 0.5f));
+}
+
+/// Its guarded form: the same n, one approximate reciprocal.
+Fast softsignFastModeGuarded(float x, float a, int pick) {
+  float n = x * (1.0f / a);
+  float den = 1.0f + std::fabs(n);
+  float y = (n * 254.0f) * rcpApprox(den, pick);
+  return guarded(y, 0.5f - 0x1p-13f);
 }
 
 /// The guarded softsign code, `picks` choosing each approximation's
@@ -159,6 +177,24 @@ void checkSoftsign(float x, float a, Tally &t) {
   }
 }
 
+void checkSoftsignFastMode(float x, float a, Tally &t) {
+  float exact = softsignFastModeExact(x, a);
+  for (int pick = 0; pick < 2; ++pick) {
+    Fast f = softsignFastModeGuarded(x, a, pick);
+    ++t.cases;
+    if (!f.ok)
+      continue;
+    ++t.guarded;
+    if (f.code != exact) {
+      ++t.wrong;
+      if (t.wrong < 5)
+        FAIL_CHECK("fast-mode softsign x=" << x << " a=" << a << " pick="
+                                           << pick << ": " << f.code << " vs "
+                                           << exact);
+    }
+  }
+}
+
 void checkSqrt(float v, float a, Tally &t) {
   float exact = sqrtExact(v, a);
   for (int picks = 0; picks < 4; ++picks) {
@@ -185,15 +221,16 @@ float ulps(float x, int k) {
 } // namespace
 
 TEST_CASE("flashopt-guarded-quantize: softsign codes where the guard holds "
-          "are exact") {
+          "are exact (exact and fast mode)") {
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  Tally random, edge;
+  Tally random, edge, fastRandom, fastEdge;
   for (int i = 0; i < 1500000; ++i) {
     float a = std::ldexp(1.0f + std::fabs(unit(rng)), int(rng() % 200) - 100);
     a = std::max(a, 1e-12f);
     float x = unit(rng) * a;
     checkSoftsign(x, a, random);
+    checkSoftsignFastMode(x, a, fastRandom);
     if (i % 8 == 0)
       checkSoftsign(a, a, random), checkSoftsign(-a, a, random);
   }
@@ -210,13 +247,20 @@ TEST_CASE("flashopt-guarded-quantize: softsign codes where the guard holds "
         float a =
             std::ldexp(1.0f + std::fabs(unit(rng)), int(rng() % 120) - 60);
         float x0 = float(n * a);
-        for (int d = -3; d <= 3; ++d)
+        for (int d = -3; d <= 3; ++d) {
           checkSoftsign(ulps(x0, d), a, edge);
+          checkSoftsignFastMode(ulps(x0, d), a, fastEdge);
+        }
       }
     }
   }
   CHECK(random.wrong == 0);
   CHECK(edge.wrong == 0);
+  CHECK(fastRandom.wrong == 0);
+  CHECK(fastEdge.wrong == 0);
+  CHECK(fastEdge.cases - fastEdge.guarded > fastEdge.cases / 4);
+  CHECK(fastEdge.guarded > fastEdge.cases / 4);
+  CHECK(1.0 - double(fastRandom.guarded) / double(fastRandom.cases) < 1e-3);
   // The guard fails rarely on spread-out data (about 2 delta = 2^-12 of
   // the codes), and does its work at the boundaries.
   double rate = 1.0 - double(random.guarded) / double(random.cases);

@@ -12,8 +12,8 @@
 /// A code is `floor(w)`, w = RN(RN(t * N) + 0.5). The approximate chain
 /// below computes y' with |y' - RN(t * N)| <= E (docs/NUMERICS.md §2c:
 /// 13.5 u N for softsign, 9 u N for sqrt, u = 2^-24), so wherever
-/// |y' - floor(y' + 0.5)| <= 0.5 - delta, delta > E + 2^-17, the exact code
-/// is floor(y' + 0.5) too. That test is the guard; NaN fails it.
+/// |y' - rint(y')| <= 0.5 - delta, delta > E + 2^-17, the exact code is
+/// rint(y') too. That test is the guard; NaN fails it.
 ///
 ///   softsign, n = y / a, t = 2n / (1 + |n|), delta = 2^-13:
 ///     R  = a < 2^126 ? rcp_approx(a) : NaN                  (per group)
@@ -23,6 +23,8 @@
 ///          the same bits as max(group_max(|sqrt(x)|), C0))
 ///     K  = N * rcp_approx(a);  S = a < 2^60 ? K * K : NaN   (per group)
 ///     y' = sqrt_approx(x * S)
+///   fast-mode softsign (code = floor(fma(t, N, 0.5)), n = y * (1 / a)):
+///     y' = (n * 2N) * rcp_approx(1 + |n|)
 ///
 /// The codes of one group body share one flashopt.guarded: one test of a
 /// worker's lanes and one branch per iteration.
@@ -63,15 +65,37 @@ bool isConst(Value v, double c) {
 
 /// One matched code: the chain from `y` (softsign) or `x` (sqrt) to `conv`.
 struct Site {
-  enum Kind { Softsign, Sqrt } kind;
+  enum Kind { Softsign, SoftsignFast, Sqrt } kind;
   Operation *conv;   // fptosi / fptoui to i8
-  Value y;           // the value divided by the absmax (sqrt(x) for sqrt)
+  Value y;           // the value divided by the absmax (sqrt(x) for sqrt;
+                     // SoftsignFast: n, y times the absmax's reciprocal)
   Value x;           // sqrt: the radicand
   Value a;           // maximumf(group_max(absf(y)), c0)
   double c0 = 0;     // the absmax floor
   double n = 0;      // N
   SmallVector<Operation *> chain; // from the division (or sqrt) to conv
 };
+
+/// a = maximumf(group_max(absf(y)), c0), c0 > 0 a constant: |y| <= a.
+bool isGroupAbsmax(Value a, Value y) {
+  auto mx = a.getDefiningOp<arith::MaximumFOp>();
+  APFloat c0(0.0f);
+  if (!mx || !matchPattern(mx.getRhs(), m_ConstantFloat(&c0)) ||
+      !c0.isFiniteNonZero() || c0.isNegative())
+    return false;
+  auto gm = mx.getLhs().getDefiningOp<GroupMaxOp>();
+  if (!gm || gm.getBits())
+    return false;
+  auto abs = gm.getValue().getDefiningOp<math::AbsFOp>();
+  return abs && abs.getOperand() == y;
+}
+
+double groupAbsmaxFloor(Value a) {
+  APFloat c0(0.0f);
+  (void)matchPattern(a.getDefiningOp<arith::MaximumFOp>().getRhs(),
+                     m_ConstantFloat(&c0));
+  return c0.convertToDouble();
+}
 
 /// conv = fpto?i(select(cmpf uno(f, f), 0.0, f)), f = floor(h),
 /// h = addf(mulf(t, N), 0.5), t softsign or plain, n = divf(y, a).
@@ -87,19 +111,33 @@ std::optional<Site> match(Operation *conv) {
   if (!floor || !isNan || isNan.getPredicate() != arith::CmpFPredicate::UNO ||
       isNan.getLhs() != floor.getResult() || isNan.getRhs() != floor.getResult())
     return std::nullopt;
-  auto half = floor.getOperand().getDefiningOp<arith::AddFOp>();
-  if (!half || !isConst(half.getRhs(), 0.5))
-    return std::nullopt;
-  auto scaled = half.getLhs().getDefiningOp<arith::MulFOp>();
-  if (!scaled)
-    return std::nullopt;
+  // h = addf(mulf(t, N), 0.5), or the fast mode's fma(t, N, 0.5).
+  SmallVector<Operation *> tail;
+  Value t, nValue;
+  if (auto fma = floor.getOperand().getDefiningOp<math::FmaOp>()) {
+    if (!isConst(fma.getC(), 0.5))
+      return std::nullopt;
+    t = fma.getA();
+    nValue = fma.getB();
+    tail = {fma};
+  } else {
+    auto half = floor.getOperand().getDefiningOp<arith::AddFOp>();
+    if (!half || !isConst(half.getRhs(), 0.5))
+      return std::nullopt;
+    auto scaled = half.getLhs().getDefiningOp<arith::MulFOp>();
+    if (!scaled)
+      return std::nullopt;
+    t = scaled.getLhs();
+    nValue = scaled.getRhs();
+    tail = {scaled, half};
+  }
   APFloat nAttr(0.0f);
-  if (!matchPattern(scaled.getRhs(), m_ConstantFloat(&nAttr)))
+  if (!matchPattern(nValue, m_ConstantFloat(&nAttr)))
     return std::nullopt;
   Site s;
   s.conv = conv;
   s.n = nAttr.convertToDouble();
-  Value t = scaled.getLhs();
+  bool fused = tail.size() == 1;
   arith::DivFOp div;
   SmallVector<Operation *> head;
   if (auto soft = t.getDefiningOp<arith::DivFOp>();
@@ -113,11 +151,26 @@ std::optional<Site> match(Operation *conv) {
     auto abs = den.getRhs().getDefiningOp<math::AbsFOp>();
     if (!abs || abs.getOperand() != two.getRhs())
       return std::nullopt;
+    head = {two, abs, den, soft};
+    if (fused) {
+      // The fast mode (NUMERICS §7): n = y * (1 / a), the reciprocal of
+      // the group absmax of y, so |n| <= 1 + 2u; the chain starts at n.
+      auto mul = two.getRhs().getDefiningOp<arith::MulFOp>();
+      auto rcp = mul ? mul.getRhs().getDefiningOp<arith::DivFOp>() : nullptr;
+      if (!rcp || !isConst(rcp.getLhs(), 1.0) ||
+          !isGroupAbsmax(rcp.getRhs(), mul.getLhs()))
+        return std::nullopt;
+      s.kind = Site::SoftsignFast;
+      s.y = mul.getResult();
+      s.chain = head;
+      s.chain.append(tail.begin(), tail.end());
+      s.chain.append({floor, isNan, sel, conv});
+      return s;
+    }
     div = two.getRhs().getDefiningOp<arith::DivFOp>();
     s.kind = Site::Softsign;
-    head = {two, abs, den, soft};
   } else if (auto d = t.getDefiningOp<arith::DivFOp>();
-             d && !isSigned && s.n == 255.0) {
+             d && !isSigned && s.n == 255.0 && !fused) {
     auto root = d.getLhs().getDefiningOp<math::SqrtOp>();
     if (!root)
       return std::nullopt;
@@ -131,24 +184,15 @@ std::optional<Site> match(Operation *conv) {
     return std::nullopt;
   s.y = div.getLhs();
   s.a = div.getRhs();
-  // a = maximumf(group_max(absf(y)), c0), c0 > 0.
-  auto mx = s.a.getDefiningOp<arith::MaximumFOp>();
-  APFloat c0(0.0f);
-  if (!mx || !matchPattern(mx.getRhs(), m_ConstantFloat(&c0)) ||
-      !c0.isFiniteNonZero() || c0.isNegative())
+  if (!isGroupAbsmax(s.a, s.y))
     return std::nullopt;
-  s.c0 = c0.convertToDouble();
-  auto gm = mx.getLhs().getDefiningOp<GroupMaxOp>();
-  if (!gm || gm.getBits())
-    return std::nullopt;
-  auto abs = gm.getValue().getDefiningOp<math::AbsFOp>();
-  if (!abs || abs.getOperand() != s.y)
-    return std::nullopt;
+  s.c0 = groupAbsmaxFloor(s.a);
   if (s.kind == Site::Sqrt)
     s.chain.push_back(s.y.getDefiningOp());
   s.chain.push_back(div);
   s.chain.append(head.begin(), head.end());
-  s.chain.append({scaled, half, floor, isNan, sel, conv});
+  s.chain.append(tail.begin(), tail.end());
+  s.chain.append({floor, isNan, sel, conv});
   return s;
 }
 
@@ -178,9 +222,10 @@ GuardedOp rewrite(Site &s) {
   Value a = s.a;
   Value scaledApprox;
   double delta;
-  if (s.kind == Site::Softsign) {
-    Value r = B.belowOrNaN(a, 0x1p126, B.rcp(a));
-    Value n = B.mul(s.y, r);
+  if (s.kind == Site::Softsign || s.kind == Site::SoftsignFast) {
+    Value n = s.y;
+    if (s.kind == Site::Softsign)
+      n = B.mul(s.y, B.belowOrNaN(a, 0x1p126, B.rcp(a)));
     Value den = B.add(B.c(1.0), math::AbsFOp::create(b, loc, n));
     scaledApprox = B.mul(B.mul(n, B.c(2.0 * s.n)), B.rcp(den));
     delta = 0x1p-13;
@@ -202,14 +247,15 @@ GuardedOp rewrite(Site &s) {
     scaledApprox = SqrtApproxOp::create(b, loc, B.mul(s.x, scale));
     delta = 0x1p-12;
   }
-  Value w = B.add(scaledApprox, B.c(0.5));
-  Value f = math::FloorOp::create(b, loc, w);
+  // The nearest integer: floor(y' + 0.5) but at the half-integers, which
+  // the guard excludes (one rounding instead of an add and a floor).
+  Value f = math::RoundEvenOp::create(b, loc, scaledApprox);
   Value isNan =
       arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, f, f);
   Value q = arith::SelectOp::create(b, loc, isNan, B.c(0.0), f);
   Operation *codeOp = b.clone(*conv);
   codeOp->setOperand(0, q);
-  // |y' - floor(y' + 0.5)| <= 0.5 - delta: y' is at least delta from the
+  // |y' - rint(y')| <= 0.5 - delta: y' is at least delta from the
   // half-integers where the code changes (NaN fails the compare).
   Value slack = math::AbsFOp::create(b, loc, B.sub(scaledApprox, f));
   Type i8 = conv->getResult(0).getType();

@@ -20,8 +20,7 @@
 // CHECK: %[[RD:.*]] = flashopt.rcp_approx %[[DEN]] : f32
 // CHECK: %[[N2:.*]] = arith.mulf %[[N]], %{{.*}} : f32
 // CHECK: %[[Y:.*]] = arith.mulf %[[N2]], %[[RD]] : f32
-// CHECK: %[[W:.*]] = arith.addf %[[Y]], %{{.*}} : f32
-// CHECK: %[[F:.*]] = math.floor %[[W]] : f32
+// CHECK: %[[F:.*]] = math.roundeven %[[Y]] : f32
 // CHECK: %[[CODE:.*]] = arith.fptosi %{{.*}} : f32 to i8
 // CHECK: %[[D:.*]] = arith.subf %[[Y]], %[[F]] : f32
 // CHECK: %[[SLACK1:.*]] = math.absf %[[D]] : f32
@@ -37,6 +36,7 @@
 // CHECK: %[[S:.*]] = arith.select %{{.*}}, %[[KK]], %{{.*}} : f32
 // CHECK: %[[VS:.*]] = arith.mulf %[[V]], %[[S]] : f32
 // CHECK: %[[YV:.*]] = flashopt.sqrt_approx %[[VS]] : f32
+// CHECK: math.roundeven %[[YV]] : f32
 // CHECK: %[[CODEV:.*]] = arith.fptoui %{{.*}} : f32 to i8
 // CHECK: %[[SLACK2:.*]] = math.absf %{{.*}} : f32
 // CHECK: %[[SLACK:.*]] = arith.maximumf %[[SLACK1]], %[[SLACK2]] : f32
@@ -132,5 +132,50 @@ flashopt.kernel @other group_size(32) buffers([#flashopt.buffer<"x", f32, elemen
     %qv = arith.select %nanv, %zero, %fv : f32
     %codev = arith.fptoui %qv : f32 to i8
     flashopt.store_element 2, %codev : i8
+  }
+}
+
+// -----
+
+// The fast mode's softsign code (n = y * (1 / a), the code through one
+// fma, NUMERICS §7): the same n, one approximate reciprocal, the quotient and
+// the fma in the fallback.
+// CHECK-LABEL: flashopt.kernel @fast
+// CHECK: %[[R:.*]] = arith.divf %{{.*}}, %{{.*}} : f32
+// CHECK: %[[N:.*]] = arith.mulf %{{.*}}, %[[R]] : f32
+// CHECK: %[[AN:.*]] = math.absf %[[N]] : f32
+// CHECK: %[[DEN:.*]] = arith.addf %{{.*}}, %[[AN]] : f32
+// CHECK: %[[RD:.*]] = flashopt.rcp_approx %[[DEN]] : f32
+// CHECK: %[[N2:.*]] = arith.mulf %[[N]], %{{.*}} : f32
+// CHECK: %[[Y:.*]] = arith.mulf %[[N2]], %[[RD]] : f32
+// CHECK: math.roundeven %[[Y]] : f32
+// CHECK: flashopt.guarded %{{.*}}, %{{.*}} {limit = 0.49987793 : f32} : i8 -> i8 {
+// CHECK:   arith.divf
+// CHECK:   math.fma
+// CHECK:   flashopt.yield
+flashopt.kernel @fast group_size(32) buffers([#flashopt.buffer<"m", f32, element, read>, #flashopt.buffer<"m.codes", i8, element, readwrite>]) hypers([]) {
+  flashopt.group_body {
+    %m = flashopt.load_element 0 : f32
+    %am = math.absf %m : f32
+    %gm = flashopt.group_max %am : f32
+    %floor = arith.constant 9.99999996E-13 : f32
+    %a = arith.maximumf %gm, %floor : f32
+    %one = arith.constant 1.000000e+00 : f32
+    %r = arith.divf %one, %a : f32
+    %n = arith.mulf %m, %r : f32
+    %two = arith.constant 2.000000e+00 : f32
+    %n2 = arith.mulf %two, %n : f32
+    %an = math.absf %n : f32
+    %den = arith.addf %one, %an : f32
+    %t = arith.divf %n2, %den : f32
+    %c127 = arith.constant 1.270000e+02 : f32
+    %half = arith.constant 5.000000e-01 : f32
+    %h = math.fma %t, %c127, %half : f32
+    %f = math.floor %h : f32
+    %nan = arith.cmpf uno, %f, %f : f32
+    %zero = arith.constant 0.000000e+00 : f32
+    %q = arith.select %nan, %zero, %f : f32
+    %code = arith.fptosi %q : f32 to i8
+    flashopt.store_element 1, %code : i8
   }
 }

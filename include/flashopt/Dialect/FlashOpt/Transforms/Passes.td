@@ -138,14 +138,16 @@ def FlashOptGuardedQuantize : Pass<"flashopt-guarded-quantize", "::mlir::ModuleO
       same bits), `S = (255 * rcp_approx(a))^2` per group (NaN when
       a >= 2^60), `y' = sqrt_approx(v * S)`;
 
-    then `code = floor(y' + 0.5)` with the guard
-    `|y' - floor(y' + 0.5)| <= 0.5 - delta` (delta = 2^-13 softsign, 2^-12
-    sqrt; NaN fails), and wraps the codes of a group body in one
+    and the fast mode's softsign code `floor(fma(t, 127, 0.5))` (n = y *
+    (1 / a) kept) into `y' = (n * 254) * rcp_approx(1 + |n|)`; then
+    `code = rint(y')` with the guard `|y' - rint(y')| <= 0.5 - delta`
+    (delta = 2^-13 softsign, 2^-12 sqrt; NaN fails), and wraps the codes of
+    a group body in one
     `flashopt.guarded` (the larger slack against the smaller limit) whose
     fallback region is the original exact chains. The bounds, the guard's
     proof, special values and fallback rates are in docs/NUMERICS.md §2c.
     flashopt-gen runs it for the GPU (a MUFU instead of a div.rn or sqrt.rn
-    per element; sm_90 AdamW-24 148.0 -> 123.4 SASS per element).
+    per element; sm_90 AdamW-24 148.0 -> 121.4 SASS per element).
   }];
   let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
 }
