@@ -22,6 +22,8 @@
 ///
 //===----------------------------------------------------------------------===//
 
+#include "flashopt_reference.h"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -31,18 +33,11 @@
 #include <random>
 #include <vector>
 
+using flashopt::ref::bitsOf;
+using flashopt::ref::floatOf;
+
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float fromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 float ftz(float x) {
   return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x;
 }
@@ -142,8 +137,8 @@ Fast sqrtFast(float v, float a, int picks) {
 float absmaxExact(const std::vector<float> &v) {
   uint32_t m = 0;
   for (float x : v)
-    m = std::max(m, bits(std::fabs(std::sqrt(x))));
-  float g = fromBits(m);
+    m = std::max(m, bitsOf(std::fabs(std::sqrt(x))));
+  float g = floatOf(m);
   return std::isnan(g) ? g : std::max(g, 1e-12f);
 }
 
@@ -151,8 +146,8 @@ float absmaxExact(const std::vector<float> &v) {
 float absmaxGuarded(const std::vector<float> &v) {
   uint32_t m = 0;
   for (float x : v)
-    m = std::max(m, bits(x + 0.0f));
-  float g = std::sqrt(fromBits(m));
+    m = std::max(m, bitsOf(x + 0.0f));
+  float g = std::sqrt(floatOf(m));
   return std::isnan(g) ? g : std::max(g, 1e-12f);
 }
 
@@ -160,62 +155,42 @@ struct Tally {
   long cases = 0, guarded = 0, wrong = 0;
 };
 
-void checkSoftsign(float x, float a, Tally &t) {
-  float exact = softsignExact(x, a);
-  for (int picks = 0; picks < 4; ++picks) {
-    Fast f = softsignFast(x, a, picks);
+/// One input: every rounding choice of the approximations; a wrong code
+/// wherever the guard holds fails the test.
+template <typename FastFn>
+void tally(Tally &t, const char *what, float x, float a, float exact,
+           int choices, FastFn fast) {
+  for (int picks = 0; picks < choices; ++picks) {
+    Fast f = fast(picks);
     ++t.cases;
     if (!f.ok)
       continue;
     ++t.guarded;
-    if (f.code != exact) {
-      ++t.wrong;
-      if (t.wrong < 5)
-        FAIL_CHECK("softsign x=" << x << " a=" << a << " picks=" << picks
-                                 << ": " << f.code << " vs " << exact);
-    }
+    if (f.code != exact && ++t.wrong < 5)
+      FAIL_CHECK(what << " x=" << x << " a=" << a << " picks=" << picks << ": "
+                      << f.code << " vs " << exact);
   }
+}
+
+void checkSoftsign(float x, float a, Tally &t) {
+  tally(t, "softsign", x, a, softsignExact(x, a), 4,
+        [&](int p) { return softsignFast(x, a, p); });
 }
 
 void checkSoftsignFastMode(float x, float a, Tally &t) {
-  float exact = softsignFastModeExact(x, a);
-  for (int pick = 0; pick < 2; ++pick) {
-    Fast f = softsignFastModeGuarded(x, a, pick);
-    ++t.cases;
-    if (!f.ok)
-      continue;
-    ++t.guarded;
-    if (f.code != exact) {
-      ++t.wrong;
-      if (t.wrong < 5)
-        FAIL_CHECK("fast-mode softsign x=" << x << " a=" << a << " pick="
-                                           << pick << ": " << f.code << " vs "
-                                           << exact);
-    }
-  }
+  tally(t, "fast-mode softsign", x, a, softsignFastModeExact(x, a), 2,
+        [&](int p) { return softsignFastModeGuarded(x, a, p); });
 }
 
 void checkSqrt(float v, float a, Tally &t) {
-  float exact = sqrtExact(v, a);
-  for (int picks = 0; picks < 4; ++picks) {
-    Fast f = sqrtFast(v, a, picks);
-    ++t.cases;
-    if (!f.ok)
-      continue;
-    ++t.guarded;
-    if (f.code != exact) {
-      ++t.wrong;
-      if (t.wrong < 5)
-        FAIL_CHECK("sqrt v=" << v << " a=" << a << " picks=" << picks << ": "
-                             << f.code << " vs " << exact);
-    }
-  }
+  tally(t, "sqrt", v, a, sqrtExact(v, a), 4,
+        [&](int p) { return sqrtFast(v, a, p); });
 }
 
 /// A float moved by k ulps.
 float ulps(float x, int k) {
-  uint32_t u = bits(x);
-  return fromBits(uint32_t(int64_t(u) + k));
+  uint32_t u = bitsOf(x);
+  return floatOf(uint32_t(int64_t(u) + k));
 }
 
 } // namespace
@@ -343,7 +318,7 @@ TEST_CASE("flashopt-guarded-quantize: special values fall back") {
 }
 
 TEST_CASE("flashopt-guarded-quantize: the sqrt absmax from the largest "
-          "radicand is the same bits") {
+          "radicand is the same bitsOf") {
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
   const float specials[] = {0.0f, -0.0f, -1.0f, -0x1p-149f, NAN, -NAN,
@@ -363,7 +338,7 @@ TEST_CASE("flashopt-guarded-quantize: the sqrt absmax from the largest "
     ++compared;
     if (std::isnan(exact)) {
       CHECK(std::isnan(fast));
-    } else if (bits(exact) != bits(fast)) {
+    } else if (bitsOf(exact) != bitsOf(fast)) {
       FAIL_CHECK("group " << g << ": " << exact << " vs " << fast);
       break;
     }

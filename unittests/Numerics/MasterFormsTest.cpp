@@ -30,19 +30,9 @@ using namespace flashopt::ref;
 
 namespace {
 
-uint32_t bitsF(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float fromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 /// The same float, or both NaN.
 bool same(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) || bitsF(a) == bitsF(b);
+  return (std::isnan(a) && std::isnan(b)) || bitsOf(a) == bitsOf(b);
 }
 
 /// F' << 23 as the kernels build it: the exponent field in the f32
@@ -59,7 +49,7 @@ float decodeBf16Kernel(uint16_t narrow, int32_t rho, DType c) {
   float r = bf16_to_f32(narrow);
   float cc = float(rho) / float(correctionMax(c));
   float c8 = cc * 0x1p-8f;
-  float e = c8 * fromBits(fieldAt23(narrow, DType::BF16));
+  float e = c8 * floatOf(fieldAt23(narrow, DType::BF16));
   return r + e;
 }
 
@@ -74,8 +64,8 @@ void encodeKernel(float theta, DType p, DType c, uint16_t *narrowOut,
   float n = float(correctionMax(c));
   // bf16: clamp(en, -1, 1) * N as clamp(en * N, -N, N), with the 2^7 in N.
   float s = p == DType::BF16
-                ? minimumf(maximumf((e * fromBits(0x7F800000u - f)) * (128.0f * n), -n), n)
-                : minimumf(maximumf(e * fromBits((153u << 23) - f), -1.0f), 1.0f) * n;
+                ? minimumf(maximumf((e * floatOf(0x7F800000u - f)) * (128.0f * n), -n), n)
+                : minimumf(maximumf(e * floatOf((153u << 23) - f), -1.0f), 1.0f) * n;
   float rho = std::isnan(s) ? 0.0f : std::copysign(std::floor(std::fabs(s) + 0.5f), s);
   *narrowOut = nb;
   *rhoOut = int32_t(rho);
@@ -118,7 +108,7 @@ TEST_CASE("master weight: the kernels' encode equals NUMERICS §1 around every "
     encodeKernel(theta, p, c, &ng, &rg);
     bool ok = nw == ng && rw == rg;
     if (!ok && bad < 5)
-      MESSAGE("theta " << theta << " (0x" << std::hex << bitsF(theta) << std::dec
+      MESSAGE("theta " << theta << " (0x" << std::hex << bitsOf(theta) << std::dec
                        << "): narrow " << nw << " vs " << ng << ", rho " << rw
                        << " vs " << rg);
     bad += !ok;
@@ -138,7 +128,7 @@ TEST_CASE("master weight: the kernels' encode equals NUMERICS §1 around every "
         for (DType c : {DType::I8, DType::I16})
           check(r + u(rng) * half, p, c);
       for (int d = -3; d <= 3; ++d)
-        check(fromBits(bitsF(r) + uint32_t(d)), p, DType::I8);
+        check(floatOf(bitsOf(r) + uint32_t(d)), p, DType::I8);
     }
   }
   const float inf = std::numeric_limits<float>::infinity();

@@ -30,19 +30,10 @@
 #include <cstring>
 #include <random>
 
+using flashopt::ref::bitsOf;
+using flashopt::ref::floatOf;
+
 namespace {
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-float fromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 /// What the pass computes, with the reciprocal computed once per divisor.
 float uniformDivide(float x, double r, bool snap) {
@@ -66,7 +57,7 @@ struct Tally {
     volatile float want = x / c_;
     float got = uniformDivide(x, r, snap);
     ++cases;
-    bool same = std::isnan(want) ? std::isnan(got) : bits(want) == bits(got);
+    bool same = std::isnan(want) ? std::isnan(got) : bitsOf(want) == bitsOf(got);
     if (!same && mismatches++ == 0) {
       badX = x;
       badC = c;
@@ -102,7 +93,7 @@ TEST_CASE("flashopt-uniform-division: f32(snap(f64(x) * (1/f64(c)))) equals "
   std::mt19937_64 rng(20261205);
   auto anyFinite = [&] {
     for (;;) {
-      float f = fromBits(static_cast<uint32_t>(rng()));
+      float f = floatOf(static_cast<uint32_t>(rng()));
       if (std::isfinite(f))
         return f;
     }
@@ -150,7 +141,7 @@ TEST_CASE("flashopt-uniform-division: f32(snap(f64(x) * (1/f64(c)))) equals "
     volatile float c_ = c;
     volatile float want = x / c_;
     double r = 1.0 / static_cast<double>(c);
-    tiesWrongUncorrected += bits(uniformDivide(x, r, false)) != bits(want);
+    tiesWrongUncorrected += bitsOf(uniformDivide(x, r, false)) != bitsOf(want);
     t.check(x, c);
   }
   INFO("exact ties: " << ties << ", of which the multiply alone rounds "

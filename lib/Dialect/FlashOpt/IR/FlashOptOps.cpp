@@ -15,6 +15,7 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/Matchers.h"
 #include "mlir/IR/TypeUtilities.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/DenseSet.h"
@@ -342,6 +343,23 @@ LogicalResult GuardedOp::verify() {
 //===----------------------------------------------------------------------===//
 // KernelOp
 //===----------------------------------------------------------------------===//
+
+GroupMaxOp mlir::flashopt::getGroupAbsmaxOf(Value a, Value y) {
+  if (auto mx = a.getDefiningOp<arith::MaximumFOp>()) {
+    for (int i = 0; i < 2; ++i) {
+      APFloat c(0.0f);
+      if (matchPattern(mx->getOperand(1 - i), m_ConstantFloat(&c)) &&
+          c.isFiniteNonZero() && !c.isNegative())
+        return getGroupAbsmaxOf(mx->getOperand(i), y);
+    }
+    return nullptr;
+  }
+  auto gm = a.getDefiningOp<GroupMaxOp>();
+  if (!gm || gm.getBits())
+    return nullptr;
+  auto abs = gm.getValue().getDefiningOp<math::AbsFOp>();
+  return abs && abs.getOperand() == y ? gm : nullptr;
+}
 
 GroupBodyOp mlir::flashopt::getGroupBody(KernelOp kernel) {
   auto ops = kernel.getBody().front().getOps<GroupBodyOp>();

@@ -29,7 +29,6 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/Builders.h"
-#include "mlir/IR/Matchers.h"
 
 namespace mlir::flashopt {
 #define GEN_PASS_DEF_FLASHOPTEXACTGROUPDIVISION
@@ -41,32 +40,13 @@ using namespace mlir::flashopt;
 
 namespace {
 
-/// Whether `a` is the absmax of `y` over its group, possibly raised to a
-/// positive constant: then |y| <= a (or a is NaN) for every element.
-bool isGroupAbsmaxOf(Value a, Value y) {
-  if (auto mx = a.getDefiningOp<arith::MaximumFOp>()) {
-    for (int i = 0; i < 2; ++i) {
-      APFloat c(0.0f);
-      if (matchPattern(mx->getOperand(1 - i), m_ConstantFloat(&c)) &&
-          c.isFiniteNonZero() && !c.isNegative())
-        return isGroupAbsmaxOf(mx->getOperand(i), y);
-    }
-    return false;
-  }
-  auto gm = a.getDefiningOp<GroupMaxOp>();
-  if (!gm)
-    return false;
-  auto abs = gm->getOperand(0).getDefiningOp<math::AbsFOp>();
-  return abs && abs.getOperand() == y;
-}
-
 struct FlashOptExactGroupDivisionPass
     : mlir::flashopt::impl::FlashOptExactGroupDivisionBase<
           FlashOptExactGroupDivisionPass> {
   void runOnOperation() override {
     SmallVector<arith::DivFOp> divs;
     getOperation().walk([&](arith::DivFOp d) {
-      if (d.getType().isF32() && isGroupAbsmaxOf(d.getRhs(), d.getLhs()))
+      if (d.getType().isF32() && getGroupAbsmaxOf(d.getRhs(), d.getLhs()))
         divs.push_back(d);
     });
     for (arith::DivFOp div : divs) {

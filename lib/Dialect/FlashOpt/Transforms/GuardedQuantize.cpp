@@ -71,31 +71,10 @@ struct Site {
                      // SoftsignFast: n, y times the absmax's reciprocal)
   Value x;           // sqrt: the radicand
   Value a;           // maximumf(group_max(absf(y)), c0)
-  double c0 = 0;     // the absmax floor
+  GroupMaxOp absmax; // the group_max under a
   double n = 0;      // N
   SmallVector<Operation *> chain; // from the division (or sqrt) to conv
 };
-
-/// a = maximumf(group_max(absf(y)), c0), c0 > 0 a constant: |y| <= a.
-bool isGroupAbsmax(Value a, Value y) {
-  auto mx = a.getDefiningOp<arith::MaximumFOp>();
-  APFloat c0(0.0f);
-  if (!mx || !matchPattern(mx.getRhs(), m_ConstantFloat(&c0)) ||
-      !c0.isFiniteNonZero() || c0.isNegative())
-    return false;
-  auto gm = mx.getLhs().getDefiningOp<GroupMaxOp>();
-  if (!gm || gm.getBits())
-    return false;
-  auto abs = gm.getValue().getDefiningOp<math::AbsFOp>();
-  return abs && abs.getOperand() == y;
-}
-
-double groupAbsmaxFloor(Value a) {
-  APFloat c0(0.0f);
-  (void)matchPattern(a.getDefiningOp<arith::MaximumFOp>().getRhs(),
-                     m_ConstantFloat(&c0));
-  return c0.convertToDouble();
-}
 
 /// conv = fpto?i(select(cmpf uno(f, f), 0.0, f)), f = floor(h),
 /// h = addf(mulf(t, N), 0.5), t softsign or plain, n = divf(y, a).
@@ -158,7 +137,7 @@ std::optional<Site> match(Operation *conv) {
       auto mul = two.getRhs().getDefiningOp<arith::MulFOp>();
       auto rcp = mul ? mul.getRhs().getDefiningOp<arith::DivFOp>() : nullptr;
       if (!rcp || !isConst(rcp.getLhs(), 1.0) ||
-          !isGroupAbsmax(rcp.getRhs(), mul.getLhs()))
+          !getGroupAbsmaxOf(rcp.getRhs(), mul.getLhs()))
         return std::nullopt;
       s.kind = Site::SoftsignFast;
       s.y = mul.getResult();
@@ -184,9 +163,9 @@ std::optional<Site> match(Operation *conv) {
     return std::nullopt;
   s.y = div.getLhs();
   s.a = div.getRhs();
-  if (!isGroupAbsmax(s.a, s.y))
+  s.absmax = getGroupAbsmaxOf(s.a, s.y);
+  if (!s.absmax)
     return std::nullopt;
-  s.c0 = groupAbsmaxFloor(s.a);
   if (s.kind == Site::Sqrt)
     s.chain.push_back(s.y.getDefiningOp());
   s.chain.push_back(div);
@@ -232,16 +211,13 @@ GuardedOp rewrite(Site &s) {
   } else {
     // The absmax from the maximum of the radicands: sqrt is monotonic, so
     // the same bits (docs/NUMERICS.md §2c), one root per group.
-    auto mx = s.a.getDefiningOp<arith::MaximumFOp>();
-    OpBuilder ab(mx);
+    OpBuilder ab(s.absmax);
     Builder A{ab, loc};
     Value z = A.add(s.x, A.c(0.0)); // -0 -> +0
     auto gm = GroupMaxOp::create(ab, loc, z);
     gm.setBits(true);
-    Value root = math::SqrtOp::create(ab, loc, gm.getResult());
-    Value a2 = arith::MaximumFOp::create(ab, loc, root, A.c(s.c0));
-    s.a.replaceAllUsesWith(a2);
-    a = a2;
+    s.absmax.getResult().replaceAllUsesWith(
+        math::SqrtOp::create(ab, loc, gm.getResult()));
     Value k = B.mul(B.c(s.n), B.rcp(a));
     Value scale = B.belowOrNaN(a, 0x1p60, B.mul(k, k));
     scaledApprox = SqrtApproxOp::create(b, loc, B.mul(s.x, scale));

@@ -40,6 +40,12 @@ UpdateOp getUpdate(OptimizerOp optimizer);
 /// The group body of a kernel (null if absent).
 GroupBodyOp getGroupBody(KernelOp kernel);
 
+/// Where `a` is the absmax of `y` over its group — `group_max(absf(y))`,
+/// possibly raised by `arith.maximumf` with positive constants, so that
+/// |y| <= a (or a is NaN) for every element — the `flashopt.group_max`;
+/// otherwise null.
+GroupMaxOp getGroupAbsmaxOf(Value a, Value y);
+
 } // namespace mlir::flashopt
 
 #endif // FLASHOPT_DIALECT_FLASHOPT_IR_FLASHOPTOPS_H
