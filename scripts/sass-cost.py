@@ -35,6 +35,8 @@ Instructions per element = instructions per iteration / elements per thread
 Modes:
   sass-cost.py --kernels build/kernels                 report (text table)
   sass-cost.py --kernels build/kernels --markdown      tables for PERFORMANCE.md
+  sass-cost.py --kernels build/kernels --opcodes       the report, then each kernel's
+      main-path opcodes per element (what the count is made of)
   sass-cost.py --kernels build/kernels --json out.json counts as JSON
   sass-cost.py --kernels build/kernels --check bench/sass-baseline.json
       exit 1 if any spec x arch executes more instructions per element (or more
@@ -61,6 +63,7 @@ brings triton); without it the script exits 2 and says how to get it
 """
 
 import argparse
+import collections
 import glob
 import json
 import os
@@ -345,6 +348,8 @@ def analyse(kernels_dir, nvdisasm, archs):
                 "registers": k.get("registers"), "spill_stores": k.get("spill_stores"),
                 "spill_loads": k.get("spill_loads"), "bytes_per_param": round(bpp, 4),
                 "static_insns": len(insns),
+                "opcodes": {op: round(n / w, 2) for op, n in
+                            collections.Counter(o.split(".")[0] for o in ops).most_common()},
             })
     return rows
 
@@ -543,6 +548,8 @@ def main():
     ap.add_argument("--check")
     ap.add_argument("--write-baseline")
     ap.add_argument("--only", action="append", help="bundle name (repeatable)")
+    ap.add_argument("--opcodes", action="store_true",
+                    help="also print each kernel's main-path opcodes per element (SASS base names)")
     a = ap.parse_args()
     archs = a.arch or ["sm_90", "sm_100"]
     chips = [c for c in a.chips.split(",") if c]
@@ -594,6 +601,11 @@ def main():
         return check(rows, a.check)
     if not a.json and not a.write_baseline:
         report(rows, chips, a.markdown)
+        if a.opcodes:
+            for r in rows:
+                ops = r.get("opcodes") or {}
+                print(f"{r['bundle']} {r['arch']} opcodes/elt: " +
+                      ", ".join(f"{k} {v:.2f}" for k, v in ops.items()))
     return 0
 
 
