@@ -318,7 +318,7 @@ TEST_CASE("flashopt-guarded-quantize: special values fall back") {
 }
 
 TEST_CASE("flashopt-guarded-quantize: the sqrt absmax from the largest "
-          "radicand is the same bitsOf") {
+          "radicand is the same bits") {
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
   const float specials[] = {0.0f, -0.0f, -1.0f, -0x1p-149f, NAN, -NAN,
