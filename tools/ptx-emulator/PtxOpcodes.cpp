@@ -221,35 +221,22 @@ void detail::decodeOpcode(const std::string &text, Inst &I) {
       if (isBits(I.t) && base != "add" && base != "sub")
         throw std::runtime_error(base + " takes .u/.s types");
     }
-  } else if (base == "rcp") {
-    // rcp.rn/rz/rm/rp: the IEEE reciprocal, 1 / a in the given rounding.
+  } else if (base == "rcp" || base == "sqrt") {
+    // rcp/sqrt.rn/rz/rm/rp: the IEEE result in the given rounding;
+    // .approx.f32: within the ISA's bound (approxF32).
     need(1);
     I.t = types[0];
     if (I.t != T::F32 && I.t != T::F64)
-      throw std::runtime_error("rcp of this type is not implemented");
+      throw std::runtime_error(base + " of this type is not implemented");
     if (I.approx && (I.t != T::F32 || I.rnd != Rnd::None))
-      throw std::runtime_error("rcp.approx is modelled for .f32 only");
+      throw std::runtime_error(base + ".approx is modelled for .f32 only");
     if (!I.approx && I.rnd != Rnd::RN && I.rnd != Rnd::RZ &&
         I.rnd != Rnd::RM && I.rnd != Rnd::RP)
-      throw std::runtime_error("rcp needs .approx or an IEEE rounding "
-                               "modifier");
+      throw std::runtime_error(base + " needs .approx or an IEEE rounding "
+                                      "modifier");
     if (I.sat || I.nanMode)
-      throw std::runtime_error(".sat/.NaN on rcp");
-    I.op = Op::RcpF;
-  } else if (base == "sqrt") {
-    need(1);
-    I.t = types[0];
-    if (I.t != T::F32 && I.t != T::F64)
-      throw std::runtime_error("sqrt of this type is not implemented");
-    if (I.approx && (I.t != T::F32 || I.rnd != Rnd::None))
-      throw std::runtime_error("sqrt.approx is modelled for .f32 only");
-    if (!I.approx && I.rnd != Rnd::RN && I.rnd != Rnd::RZ &&
-        I.rnd != Rnd::RM && I.rnd != Rnd::RP)
-      throw std::runtime_error("sqrt needs .approx or an IEEE rounding "
-                               "modifier");
-    if (I.sat || I.nanMode)
-      throw std::runtime_error(".sat/.NaN on sqrt");
-    I.op = Op::SqrtF;
+      throw std::runtime_error(".sat/.NaN on " + base);
+    I.op = base == "rcp" ? Op::RcpF : Op::SqrtF;
   } else if (base == "abs" || base == "neg") {
     need(1);
     I.t = types[0];
