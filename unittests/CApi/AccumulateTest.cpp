@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -336,6 +337,54 @@ TEST_CASE("accumulate: fused last step == accumulate, then step on the "
     }
     CHECK(results[0] == results[1]);
   }
+}
+
+TEST_CASE("accumulate: read/write_accumulator (host::Optimizer) round-trip "
+          "and refuse ranges outside the tensor") {
+  using namespace flashopt::host;
+  auto o = CpuOptimizer::create(accumDir() + "adamw_m24_acc_bf16_i8");
+  REQUIRE(o);
+  Optimizer &opt = **o;
+  std::vector<uint16_t> p(77, f32_to_bf16(1.0f)), g(77, 0);
+  REQUIRE(opt.add_param(0, p.data(), 77, g.data()));
+  // What the accumulator's encoding (bf16 + i8) keeps of `in`: the values
+  // read back are those, element for element, at elements 70..73.
+  std::vector<float> in = {0.5f, -3.25f, 1.0f / 3, 12345.0f}, out(4), kept(4);
+  {
+    uint16_t hi[4];
+    int8_t lo[4];
+    codec::encode_master(in.data(), 4, hi, DType::BF16, lo, DType::I8);
+    codec::decode_master(hi, DType::BF16, lo, DType::I8, 4, kept.data());
+  }
+  CHECK(kept[0] == 0.5f);
+  CHECK(kept[2] != in[2]); // 1/3 is not exact in 16 bits: decoded, not copied
+  REQUIRE(opt.write_accumulator(0, 70, 4, in.data()));
+  REQUIRE(opt.read_accumulator(0, 70, 4, out.data()));
+  CHECK(out == kept);
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  struct Bad {
+    int64_t tensor, offset, count;
+    const char *says;
+  };
+  for (Bad b :
+       {Bad{0, 74, 4, "4 elements at offset 74 do not fit tensor 0 (77 elements)"},
+        Bad{0, -1, 1, "1 elements at offset -1 do not fit"},
+        Bad{0, 0, -1, "-1 elements at offset 0 do not fit"},
+        Bad{0, 1, huge, "at offset 1 do not fit tensor 0 (77 elements)"},
+        Bad{1, 0, 1, "no tensor 1"}}) {
+    CAPTURE(b.offset);
+    CAPTURE(b.count);
+    Status r = opt.read_accumulator(b.tensor, b.offset, b.count, out.data());
+    Status w = opt.write_accumulator(b.tensor, b.offset, b.count, in.data());
+    REQUIRE(!r);
+    REQUIRE(!w);
+    CHECK(r.message().find(b.says) != std::string::npos);
+    CHECK(r.message().rfind("read_accumulator: ", 0) == 0);
+    CHECK(w.message().rfind("write_accumulator: ", 0) == 0);
+  }
+  // The refused writes changed nothing.
+  REQUIRE(opt.read_accumulator(0, 70, 4, out.data()));
+  CHECK(out == kept);
 }
 
 TEST_CASE("accumulate: misuse is refused with a clear error") {

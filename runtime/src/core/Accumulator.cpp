@@ -42,15 +42,8 @@ Status Optimizer::read_accumulator(int64_t tensor, int64_t offset,
   if (!I.m->accumulator)
     return Status::error("read_accumulator: " + I.m->name +
                          " has no gradient accumulator");
-  if (Status s = I.checkTensor(tensor, "read_accumulator"); !s)
+  if (Status s = I.checkElements(tensor, offset, count, "read_accumulator"); !s)
     return s;
-  const TensorInfo &ti = I.tensors[size_t(tensor)];
-  if (offset < 0 || count < 0 || offset + count > ti.numel)
-    return Status::error("read_accumulator: elements [" +
-                         std::to_string(offset) + ", " +
-                         std::to_string(offset + count) + ") of tensor " +
-                         std::to_string(tensor) + " (" +
-                         std::to_string(ti.numel) + " elements)");
   try {
     if (Status s = I.prepare(); !s)
       return s;
@@ -90,15 +83,8 @@ Status Optimizer::write_accumulator(int64_t tensor, int64_t offset,
   if (!I.m->accumulator)
     return Status::error("write_accumulator: " + I.m->name +
                          " has no gradient accumulator");
-  if (Status s = I.checkTensor(tensor, "write_accumulator"); !s)
+  if (Status s = I.checkElements(tensor, offset, count, "write_accumulator"); !s)
     return s;
-  const TensorInfo &ti = I.tensors[size_t(tensor)];
-  if (offset < 0 || count < 0 || offset + count > ti.numel)
-    return Status::error("write_accumulator: elements [" +
-                         std::to_string(offset) + ", " +
-                         std::to_string(offset + count) + ") of tensor " +
-                         std::to_string(tensor) + " (" +
-                         std::to_string(ti.numel) + " elements)");
   try {
     if (Status s = I.prepare(); !s)
       return s;

@@ -131,6 +131,20 @@ struct Optimizer::Impl {
     return Status::success();
   }
 
+  /// checkTensor, and [offset, offset + count) inside the tensor's elements.
+  Status checkElements(int64_t tensor, int64_t offset, int64_t count,
+                       const char *who) const {
+    if (Status s = checkTensor(tensor, who); !s)
+      return s;
+    const int64_t numel = tensors[size_t(tensor)].numel;
+    if (offset < 0 || count < 0 || offset > numel - count)
+      return Status::error(std::string(who) + ": " + std::to_string(count) +
+                           " elements at offset " + std::to_string(offset) +
+                           " do not fit tensor " + std::to_string(tensor) +
+                           " (" + std::to_string(numel) + " elements)");
+    return Status::success();
+  }
+
   /// Makes the state addressable and the table current.
   Status prepare() {
     if (Status s = backend->commit(); !s)
