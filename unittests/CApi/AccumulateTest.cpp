@@ -382,9 +382,14 @@ TEST_CASE("accumulate: read/write_accumulator (host::Optimizer) round-trip "
     CHECK(r.message().rfind("read_accumulator: ", 0) == 0);
     CHECK(w.message().rfind("write_accumulator: ", 0) == 0);
   }
-  // The refused writes changed nothing.
-  REQUIRE(opt.read_accumulator(0, 70, 4, out.data()));
-  CHECK(out == kept);
+  // The refused writes changed nothing: 70..73 as written, 74..76 (which
+  // the refused [74, 78) covers in part) still the fresh accumulator's zeros.
+  std::vector<float> tail(7, -1.0f);
+  REQUIRE(opt.read_accumulator(0, 70, 7, tail.data()));
+  CHECK(std::vector<float>(tail.begin(), tail.begin() + 4) == kept);
+  CHECK(tail[4] == 0.0f);
+  CHECK(tail[5] == 0.0f);
+  CHECK(tail[6] == 0.0f);
 }
 
 TEST_CASE("accumulate: misuse is refused with a clear error") {
