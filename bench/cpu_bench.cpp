@@ -7,7 +7,7 @@
 ///
 /// \file
 /// `flashopt-cpu-bench --kernels DIR [--sizes 1e6,1e8] [--threads N]
-///  [--only NAME]... [--min-time S]`
+///  [--only NAME]... [--min-time S] [--cold [ROUNDS]]`
 ///
 /// Steps every bundle of DIR (one tensor of each size) with its CPU kernel on
 /// 1 thread and on all threads, and prints one markdown table: ms/step,
@@ -16,19 +16,25 @@
 /// amortized) and, next to it, the bandwidth of a memcpy moving the same
 /// number of bytes (copying half of them: each is read once and written
 /// once) on as many threads, timed in the same run. Sizes that fit in the
-/// caches make both numbers cache bandwidths. A benchmark, not a
-/// test: nothing is checked.
+/// caches make both numbers cache bandwidths. `--cold` times each step (and
+/// each copy) right after streaming a buffer twice the last-level cache
+/// through the cache, as an optimizer step runs after a backward pass: the
+/// median of ROUNDS (default 9) such steps, each from DRAM. A benchmark, not
+/// a test: nothing is checked.
 ///
 //===----------------------------------------------------------------------===//
 
 #include "BenchCommon.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
 #include <thread>
+#include <unistd.h>
 
 using namespace flashopt::bench;
 using namespace flashopt::host;
@@ -73,6 +79,54 @@ double timePerCall(const std::function<void()> &fn, double minTime) {
   return elapsed / double(calls);
 }
 
+/// A buffer twice the last-level cache (64 MiB to 2 GiB), written and read
+/// back before each cold measurement so that nothing of the step's data is
+/// left in any cache.
+class Evictor {
+public:
+  Evictor() {
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (llc <= 0)
+      llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    bytes_ = std::clamp<int64_t>(2 * int64_t(std::max(0L, llc)), 64 << 20,
+                                 int64_t(2) << 30);
+    buf_ = allocateHost(bytes_);
+    if (buf_)
+      std::memset(buf_.get(), 0, size_t(bytes_));
+  }
+  bool ok() const { return bool(buf_); }
+  int64_t bytes() const { return bytes_; }
+  void run() {
+    ++pass_;
+    std::memset(buf_.get(), int(pass_ & 0xff), size_t(bytes_));
+    uint64_t sum = 0;
+    const uint64_t *w = reinterpret_cast<const uint64_t *>(buf_.get());
+    for (int64_t i = 0; i < bytes_ / 8; i += 8)
+      sum += w[i];
+    sink_ += sum;
+  }
+
+private:
+  HostBuffer buf_;
+  int64_t bytes_ = 0;
+  uint64_t pass_ = 0;
+  volatile uint64_t sink_ = 0;
+};
+
+/// Median seconds of `rounds` calls of `fn`, each right after `evict.run()`.
+double coldTime(const std::function<void()> &fn, Evictor &evict, int rounds) {
+  fn(); // warm-up: pages touched, states allocated
+  std::vector<double> t;
+  for (int r = 0; r < std::max(1, rounds); ++r) {
+    evict.run();
+    auto t0 = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 /// The bandwidth (read + write, GB/s) of memcpy over `threads` threads, each
 /// copying its share of `bytes` repeatedly for `minTime` seconds (threads
 /// started once, not per copy).
@@ -114,12 +168,67 @@ double copyGbs(uint8_t *dst, const uint8_t *src, int64_t bytes, int threads,
   return total;
 }
 
+/// memcpy of `bytes` on `threads` threads (each its share), cold: read +
+/// write GB/s of the median of `rounds` copies, each after `evict.run()`.
+double coldCopyGbs(uint8_t *dst, const uint8_t *src, int64_t bytes, int threads,
+                   Evictor &evict, int rounds) {
+  threads = std::max(1, threads);
+  int64_t chunk = (bytes / threads + 63) / 64 * 64;
+  auto copy = [&] {
+    std::vector<std::thread> pool;
+    auto part = [&](int i) {
+      int64_t b = std::min<int64_t>(bytes, i * chunk);
+      int64_t e =
+          i == threads - 1 ? bytes : std::min<int64_t>(bytes, b + chunk);
+      if (e > b)
+        std::memcpy(dst + b, src + b, size_t(e - b));
+    };
+    for (int i = 1; i < threads; ++i)
+      pool.emplace_back(part, i);
+    part(0);
+    for (std::thread &t : pool)
+      t.join();
+  };
+  double s = coldTime(copy, evict, rounds);
+  return 2.0 * double(bytes) / s / 1e9;
+}
+
+/// The CPU model (/proc/cpuinfo) and last-level cache: the host's speed
+/// varies between machines far more than between kernel versions.
+std::string hostCpu() {
+  std::string model = "unknown CPU";
+  if (FILE *f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::strncmp(line, "model name", 10) != 0)
+        continue;
+      const char *c = std::strchr(line, ':');
+      if (c) {
+        model = c + 1;
+        size_t b = model.find_first_not_of(" \t");
+        size_t e = model.find_last_not_of(" \t\n");
+        model =
+            b == std::string::npos ? "unknown CPU" : model.substr(b, e - b + 1);
+      }
+      break;
+    }
+    std::fclose(f);
+  }
+  long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0)
+    llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (llc > 0)
+    model += ", last-level cache " + std::to_string(llc >> 20) + " MiB";
+  return model;
+}
+
 int usage(const char *msg) {
   if (msg)
     std::fprintf(stderr, "flashopt-cpu-bench: %s\n", msg);
   std::fprintf(stderr,
                "usage: flashopt-cpu-bench --kernels DIR [--sizes 1e6,1e8] "
-               "[--threads N] [--only NAME]... [--min-time SECONDS]\n");
+               "[--threads N] [--only NAME]... [--min-time SECONDS] "
+               "[--cold [ROUNDS]]\n");
   return 2;
 }
 
@@ -131,6 +240,7 @@ int main(int argc, char **argv) {
   std::vector<std::string> only;
   int allThreads = int(std::max(1u, std::thread::hardware_concurrency()));
   double minTime = 0.3;
+  int coldRounds = 0; // 0: warm (repeated steps)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -145,7 +255,11 @@ int main(int argc, char **argv) {
       only.push_back(argv[++i]);
     else if (a == "--min-time" && v)
       minTime = std::atof(argv[++i]);
-    else
+    else if (a == "--cold") {
+      coldRounds = 9;
+      if (v && std::isdigit(static_cast<unsigned char>(v[0])))
+        coldRounds = std::max(1, std::atoi(argv[++i]));
+    } else
       return usage(("unknown or incomplete argument: " + a).c_str());
   }
   if (kernels.empty())
@@ -167,11 +281,22 @@ int main(int argc, char **argv) {
   if (allThreads > 1)
     threadCounts.push_back(allThreads);
 
-  std::printf("flashopt-cpu-bench: %zu bundles, sizes", names.size());
+  std::printf("flashopt-cpu-bench: %s; %zu bundles, sizes", hostCpu().c_str(),
+              names.size());
   for (int64_t n : sizes)
     std::printf(" %s", sizeName(n).c_str());
-  std::printf(", threads 1 and %d, >= %.2fs per measurement\n\n", allThreads,
-              minTime);
+  std::unique_ptr<Evictor> evict;
+  if (coldRounds > 0) {
+    evict = std::make_unique<Evictor>();
+    if (!evict->ok())
+      return usage("--cold: cannot allocate the eviction buffer");
+    std::printf(", threads 1 and %d, cold: median of %d steps, each after "
+                "streaming %.0f MiB through the caches\n\n",
+                allThreads, coldRounds, double(evict->bytes()) / (1 << 20));
+  } else {
+    std::printf(", threads 1 and %d, >= %.2fs per measurement\n\n", allThreads,
+                minTime);
+  }
   std::printf("| bundle | kernel | params | threads | ms/step | Mparams/s | "
               "B/param | GB/s | memcpy GB/s | %% of memcpy |\n");
   std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -221,13 +346,13 @@ int main(int argc, char **argv) {
         Status st = (*opt)->set_threads(threads);
         (void)st;
         Status stepStatus;
-        double perStep = timePerCall(
-            [&] {
-              Status s = (*opt)->step();
-              if (!s)
-                stepStatus = s;
-            },
-            minTime);
+        auto step = [&] {
+          Status s = (*opt)->step();
+          if (!s)
+            stepStatus = s;
+        };
+        double perStep = evict ? coldTime(step, *evict, coldRounds)
+                               : timePerCall(step, minTime);
         if (!stepStatus) {
           std::printf("| %s | | %s | %d | error: %s |\n", name.c_str(),
                       sizeName(n).c_str(), threads,
@@ -236,7 +361,10 @@ int main(int argc, char **argv) {
           break;
         }
         double gbs = moved * double(n) / perStep / 1e9;
-        double copy = copyGbs(cd.get(), cs.get(), copyBytes, threads, minTime);
+        double copy =
+            evict ? coldCopyGbs(cd.get(), cs.get(), copyBytes, threads, *evict,
+                                coldRounds)
+                  : copyGbs(cd.get(), cs.get(), copyBytes, threads, minTime);
         std::printf("| %s | %s | %s | %d | %.3f | %.1f | %.3f | %.2f | %.2f | "
                     "%.0f%% |\n",
                     name.c_str(), (*bundle)->kernel().cpu.c_str(),

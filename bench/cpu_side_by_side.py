@@ -169,6 +169,31 @@ def run(size, threads, rounds):
     sys.stdout.flush()
 
 
+def host_cpu():
+    """The CPU model and last-level cache, for reading numbers across hosts."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    llc, level = 0, 0  # the highest cache level sysfs lists for cpu0
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            lv = int((d / "level").read_text())
+            size = (d / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+        digits = size.rstrip("KMG")
+        if lv > level and digits.isdigit():
+            llc, level = int(digits) * mult, lv
+    return model + (f", last-level cache {llc / 2**20:.0f} MiB" if llc > 0 else "")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1e7,1e8,1000x4096")
@@ -181,7 +206,8 @@ def main():
     DEEPSPEED = find_deepspeed()
     cores = os.cpu_count() or 1
     print(f"cpu_side_by_side: flashopt {flashopt.version()}, torch {torch.__version__}, "
-          f"{cores} cores, {a.rounds} rounds (median), memcpy of the same bytes per round, "
+          f"{cores} cores ({host_cpu()}), {a.rounds} rounds (median), "
+          f"memcpy of the same bytes per round, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
     for s in a.sizes.split(","):
         for t in a.threads.split(","):
