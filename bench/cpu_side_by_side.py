@@ -15,7 +15,7 @@ that the case moves per step, timed in the same round:
             (docs/NUMERICS.md §7), FlashSGD (momentum) and FlashLion, bf16 + 24
   torch     AdamW(fused=True) fp32 and bf16 (params, grads, states bf16),
             AdamW(foreach=True) fp32, SGD(momentum, fused=True) fp32
-  optional  DeepSpeedCPUAdam fp32, when the deepspeed package is importable
+  optional  DeepSpeedCPUAdam fp32 and bf16 (bf16 states), when the deepspeed package is importable
 
 Prints one markdown table per size and thread count: ms/step, Mparams/s,
 bytes moved per parameter, % of the memcpy of those bytes, and the ratio to
@@ -111,6 +111,10 @@ def cases():
     if DEEPSPEED is not None:
         out.append(Case("DeepSpeedCPUAdam fp32",
                         lambda ps: DEEPSPEED(ps, lr=1e-3), torch.float32, 28.0))
+        # 16-bit parameters, gradients and states (the ambition).
+        out.append(Case("DeepSpeedCPUAdam bf16, bf16 states",
+                        lambda ps: DEEPSPEED(ps, lr=1e-3, fp32_optimizer_states=False),
+                        torch.bfloat16, 14.0))
     return out
 
 
