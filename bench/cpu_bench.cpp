@@ -34,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <unistd.h>
 
 using namespace flashopt::bench;
@@ -79,16 +80,30 @@ double timePerCall(const std::function<void()> &fn, double minTime) {
   return elapsed / double(calls);
 }
 
+/// Bytes of the last-level cache (L3, else L2; 0 when sysconf does not know).
+int64_t lastLevelCacheBytes() {
+  long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0)
+    llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return std::max<int64_t>(0, llc);
+}
+
+/// Thread i's share [begin, end) of `bytes` copied by `threads` threads:
+/// 64-byte aligned pieces, the last thread taking the rest.
+std::pair<int64_t, int64_t> copyShare(int64_t bytes, int threads, int i) {
+  int64_t chunk = (bytes / threads + 63) / 64 * 64;
+  int64_t b = std::min<int64_t>(bytes, i * chunk);
+  int64_t e = i == threads - 1 ? bytes : std::min<int64_t>(bytes, b + chunk);
+  return {b, std::max(b, e)};
+}
+
 /// A buffer twice the last-level cache (64 MiB to 2 GiB), written and read
 /// back before each cold measurement so that nothing of the step's data is
 /// left in any cache.
 class Evictor {
 public:
   Evictor() {
-    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    if (llc <= 0)
-      llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    bytes_ = std::clamp<int64_t>(2 * int64_t(std::max(0L, llc)), 64 << 20,
+    bytes_ = std::clamp<int64_t>(2 * lastLevelCacheBytes(), 64 << 20,
                                  int64_t(2) << 30);
     buf_ = allocateHost(bytes_);
     if (buf_)
@@ -133,12 +148,10 @@ double coldTime(const std::function<void()> &fn, Evictor &evict, int rounds) {
 double copyGbs(uint8_t *dst, const uint8_t *src, int64_t bytes, int threads,
                double minTime) {
   threads = std::max(1, threads);
-  int64_t chunk = (bytes / threads + 63) / 64 * 64;
   std::vector<double> gbs(size_t(threads), 0.0);
   std::atomic<int> ready{0};
   auto work = [&](int i) {
-    int64_t b = std::min<int64_t>(bytes, i * chunk);
-    int64_t e = i == threads - 1 ? bytes : std::min<int64_t>(bytes, b + chunk);
+    auto [b, e] = copyShare(bytes, threads, i);
     if (e > b)
       std::memcpy(dst + b, src + b, size_t(e - b)); // warm-up
     ready.fetch_add(1);
@@ -173,13 +186,10 @@ double copyGbs(uint8_t *dst, const uint8_t *src, int64_t bytes, int threads,
 double coldCopyGbs(uint8_t *dst, const uint8_t *src, int64_t bytes, int threads,
                    Evictor &evict, int rounds) {
   threads = std::max(1, threads);
-  int64_t chunk = (bytes / threads + 63) / 64 * 64;
   auto copy = [&] {
     std::vector<std::thread> pool;
     auto part = [&](int i) {
-      int64_t b = std::min<int64_t>(bytes, i * chunk);
-      int64_t e =
-          i == threads - 1 ? bytes : std::min<int64_t>(bytes, b + chunk);
+      auto [b, e] = copyShare(bytes, threads, i);
       if (e > b)
         std::memcpy(dst + b, src + b, size_t(e - b));
     };
@@ -214,10 +224,7 @@ std::string hostCpu() {
     }
     std::fclose(f);
   }
-  long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (llc <= 0)
-    llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
-  if (llc > 0)
+  if (int64_t llc = lastLevelCacheBytes())
     model += ", last-level cache " + std::to_string(llc >> 20) + " MiB";
   return model;
 }
