@@ -19,11 +19,15 @@ that the case moves per step, timed in the same round:
 
 Prints one markdown table per size and thread count: ms/step, Mparams/s,
 bytes moved per parameter, % of the memcpy of those bytes, and the ratio to
-torch's fused fp32 AdamW (per round, then the median). A benchmark, not a test: it
-asserts nothing. About 5 minutes on 2 cores.
+torch's fused fp32 AdamW (per round, then the median). With --cold, every
+step and every copy runs right after a buffer twice the last-level cache is
+written and read (the state of an optimizer step after a backward pass)
+instead of a few cases after the previous step. A benchmark, not a test: it
+asserts nothing. About 2-4 minutes on 2 cores (--cold: about twice that).
 
 Usage: .venv/bin/python bench/cpu_side_by_side.py [--sizes 1e7,1e8,1000x4096]
-       [--threads 1,0] [--rounds 5] [--omp-active]   (threads 0 = all cores)
+       [--threads 1,0] [--rounds 5] [--cold] [--omp-active]
+       (threads 0 = all cores)
 """
 
 import argparse
@@ -141,7 +145,22 @@ def memcpy_seconds(nbytes, buf):
     return time.perf_counter() - t
 
 
-def run(size, threads, rounds):
+class Evictor:
+    """A buffer twice the last-level cache (64 MiB to 2 GiB): written, then
+    read once per 64-byte line, so that no step finds its data in a cache."""
+
+    def __init__(self):
+        self.nbytes = min(max(2 * last_level_cache(), 64 << 20), 2 << 30)
+        self.buf = torch.zeros(self.nbytes // 8, dtype=torch.int64)
+        self.passes = 0
+
+    def __call__(self):
+        self.passes += 1
+        self.buf.fill_(self.passes)
+        self.sink = int(self.buf[::8].max())
+
+
+def run(size, threads, rounds, evict=None):
     count, numel = size
     n = count * numel
     torch.set_num_threads(threads)
@@ -156,12 +175,17 @@ def run(size, threads, rounds):
     copies = {c.name: [] for c in cs}
     for _ in range(rounds):
         for c in cs:
+            if evict:
+                evict()
             copies[c.name].append(memcpy_seconds(c.bytes * n, buf))
+            if evict:
+                evict()
             times[c.name].append(c.step())
     for c in cs:
         c.free()
     label = f"{count} x {numel}" if count > 1 else f"{numel:.0e}".replace("+0", "")
-    print(f"\n### {label} parameters, {threads} thread{'s' if threads > 1 else ''}\n")
+    print(f"\n### {label} parameters, {threads} thread{'s' if threads > 1 else ''}"
+          f"{', cold' if evict else ''}\n")
     print("| case | ms/step | Mparams/s | B/param | % of memcpy | vs torch fused fp32 AdamW |")
     print("|---|---:|---:|---:|---:|---:|")
     # The ratio is taken round by round (both steps a few hundred ms apart,
@@ -188,7 +212,13 @@ def host_cpu():
                     break
     except OSError:
         pass
-    llc, level = 0, 0  # the highest cache level sysfs lists for cpu0
+    llc = last_level_cache()
+    return model + (f", last-level cache {llc / 2**20:.0f} MiB" if llc > 0 else "")
+
+
+def last_level_cache():
+    """Bytes of the highest cache level sysfs lists for cpu0 (0: unknown)."""
+    llc, level = 0, 0
     for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
             lv = int((d / "level").read_text())
@@ -199,7 +229,7 @@ def host_cpu():
         digits = size.rstrip("KMG")
         if lv > level and digits.isdigit():
             llc, level = int(digits) * mult, lv
-    return model + (f", last-level cache {llc / 2**20:.0f} MiB" if llc > 0 else "")
+    return llc
 
 
 def main():
@@ -207,6 +237,9 @@ def main():
     ap.add_argument("--sizes", default="1e7,1e8,1000x4096")
     ap.add_argument("--threads", default="1,0")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cold", action="store_true",
+                    help="stream twice the last-level cache through it before every "
+                         "step and copy")
     ap.add_argument("--omp-active", action="store_true",
                     help="leave OMP_WAIT_POLICY unset (torch's workers spin between steps)")
     a = ap.parse_args()
@@ -217,9 +250,13 @@ def main():
           f"{cores} cores ({host_cpu()}), {a.rounds} rounds (median), "
           f"memcpy of the same bytes per round, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
+    evict = Evictor() if a.cold else None
+    if evict:
+        print(f"cold: every step and copy after writing and reading "
+              f"{evict.nbytes / 2**20:.0f} MiB")
     for s in a.sizes.split(","):
         for t in a.threads.split(","):
-            run(parse_size(s), int(t) or cores, a.rounds)
+            run(parse_size(s), int(t) or cores, a.rounds, evict)
     return 0
 
 
