@@ -18,8 +18,8 @@
 #ifndef FLASHOPT_CONVERSION_GROUPBODYLOWERING_H
 #define FLASHOPT_CONVERSION_GROUPBODYLOWERING_H
 
-#include "flashopt/abi/KernelAbi.h"
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
+#include "flashopt/abi/KernelAbi.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
@@ -91,9 +91,18 @@ LogicalResult emitGroupBody(OpBuilder &b, KernelOp kernel,
 /// The bodies of several groups (one environment each) at one insertion
 /// point, interleaved operation by operation: independent dependency chains
 /// side by side for an out-of-order core.
+///
+/// With `reduceLanes` = L > 0, the group maxima of absolute values (or
+/// bits) of unpredicated groups that each hold a whole group are reduced
+/// together: one transposed reduction of the N groups' vectors (pairs of
+/// vectors merged half by half until one vector holds N segments, folded
+/// down to L lanes, then a butterfly within each segment) instead of one
+/// reduction per group — the same unsigned maxima of the same bits, in
+/// about half the shuffles, and the N maxima side by side in one vector.
 LogicalResult emitGroupBodies(OpBuilder &b, KernelOp kernel,
                               ArrayRef<GroupBodyEnv> envs,
-                              const IRMapping &mapping);
+                              const IRMapping &mapping,
+                              int64_t reduceLanes = 0);
 
 /// Emits `flashopt.raw_load` of an i64 at `base[index]` (index type).
 Value loadI64(OpBuilder &b, Location loc, Value base, Value index);

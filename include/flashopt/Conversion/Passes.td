@@ -22,7 +22,10 @@ def FlashOptToCPU : Pass<"flashopt-to-cpu", "::mlir::ModuleOp"> {
     becomes a `vector.reduction <maximumf>`. With `interleave=N`, runs of N
     full groups share one loop iteration, their bodies interleaved operation
     by operation (independent dependency chains side by side for an
-    out-of-order core); the remaining groups take the one-group loop. Memory is accessed with
+    out-of-order core); the remaining groups take the one-group loop. With
+    `reduce-lanes=L` as well, the absmaxes of the N groups (unsigned maxima
+    of bits) are one transposed reduction ending in L-lane vectors instead
+    of N reductions: the same maxima, about half the shuffles. Memory is accessed with
     `flashopt.raw_load` / `flashopt.raw_store` on the table's addresses.
 
     ```mlir
@@ -41,6 +44,10 @@ def FlashOptToCPU : Pass<"flashopt-to-cpu", "::mlir::ModuleOp"> {
   let options = [
     Option<"interleave", "interleave", "int64_t", /*default=*/"1",
            "Full groups per loop iteration, their bodies interleaved (>= 1)">,
+    Option<"reduceLanes", "reduce-lanes", "int64_t", /*default=*/"0",
+           "With interleave > 1: reduce the group absmaxes of an iteration's "
+           "groups together, down to vectors of this many f32 lanes (the "
+           "target's native vector; 0: one reduction per group)">,
   ];
 }
 

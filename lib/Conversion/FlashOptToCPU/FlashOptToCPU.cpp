@@ -1,4 +1,5 @@
-//===- FlashOptToCPU.cpp - flashopt-to-cpu ---------------------------------===//
+//===- FlashOptToCPU.cpp - flashopt-to-cpu
+//---------------------------------===//
 //
 // Part of flashopt.
 //
@@ -20,6 +21,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "llvm/Support/MathExtras.h"
 
 namespace mlir::flashopt {
 #define GEN_PASS_DEF_FLASHOPTTOCPU
@@ -31,7 +33,8 @@ using namespace mlir::flashopt;
 
 namespace {
 
-LogicalResult lowerKernel(KernelOp kernel, int64_t interleave) {
+LogicalResult lowerKernel(KernelOp kernel, int64_t interleave,
+                          int64_t reduceLanes) {
   OpBuilder b(kernel);
   Location loc = kernel.getLoc();
   Type i64 = b.getI64Type();
@@ -73,17 +76,20 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t interleave) {
     Value first = word(lb, ::flashopt::abi::kRecordFirstGroup);
     Value slot = word(lb, ::flashopt::abi::kRecordHyperSlot);
     Value gs = cI64(lb, groupSize);
-    Value numelPlus = arith::AddIOp::create(lb, loc, numel, cI64(lb, groupSize - 1));
+    Value numelPlus =
+        arith::AddIOp::create(lb, loc, numel, cI64(lb, groupSize - 1));
     Value ngroups = arith::DivUIOp::create(lb, loc, numelPlus, gs);
     Value last = arith::AddIOp::create(lb, loc, first, ngroups);
     Value lo = arith::MaxSIOp::create(lb, loc, groupBegin, first);
     Value hi = arith::MinSIOp::create(lb, loc, groupEnd, last);
-    Value any = arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::slt, lo, hi);
+    Value any =
+        arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::slt, lo, hi);
     auto ifOp = scf::IfOp::create(lb, loc, any, /*withElse=*/false);
     OpBuilder ib = ifOp.getThenBodyBuilder();
 
     // Per-tensor prologue: hyper-parameters of this tensor's slot.
-    Value slotOffset = arith::MulIOp::create(ib, loc, slot, cI64(ib, numHypers * 4));
+    Value slotOffset =
+        arith::MulIOp::create(ib, loc, slot, cI64(ib, numHypers * 4));
     Value hyperBase = arith::AddIOp::create(ib, loc, hypers, slotOffset);
     IRMapping mapping;
     emitPrologue(ib, kernel, hyperBase, step, mapping);
@@ -109,13 +115,12 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t interleave) {
     if (interleave > 1) {
       // Runs of `interleave` full groups: [lo, runEnd), one run per
       // iteration, every body unmasked.
-      Value fullGroups = arith::DivUIOp::create(ib, loc, numelIdx,
-                                                cIdx(ib, groupSize));
+      Value fullGroups =
+          arith::DivUIOp::create(ib, loc, numelIdx, cIdx(ib, groupSize));
       Value hiFull = arith::MinSIOp::create(ib, loc, hiIdx, fullGroups);
       Value span = arith::MaxSIOp::create(
           ib, loc, arith::SubIOp::create(ib, loc, hiFull, loIdx), zero);
-      Value runs =
-          arith::DivUIOp::create(ib, loc, span, cIdx(ib, interleave));
+      Value runs = arith::DivUIOp::create(ib, loc, span, cIdx(ib, interleave));
       Value runEnd = arith::AddIOp::create(
           ib, loc, loIdx,
           arith::MulIOp::create(ib, loc, runs, cIdx(ib, interleave)));
@@ -132,7 +137,7 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t interleave) {
             rb, loc, groupEnv.groupIndex, cIdx(rb, groupSize));
         envs.push_back(groupEnv);
       }
-      if (failed(emitGroupBodies(rb, kernel, envs, mapping)))
+      if (failed(emitGroupBodies(rb, kernel, envs, mapping, reduceLanes)))
         return failure();
       from = runEnd;
     }
@@ -181,10 +186,17 @@ struct FlashOptToCPUPass
           << static_cast<int64_t>(interleave);
       return signalPassFailure();
     }
+    if (reduceLanes < 0 ||
+        (reduceLanes > 0 && !llvm::isPowerOf2_64(uint64_t(reduceLanes)))) {
+      mlir::emitError(getOperation().getLoc())
+          << "flashopt-to-cpu: reduce-lanes must be 0 or a power of two, got "
+          << static_cast<int64_t>(reduceLanes);
+      return signalPassFailure();
+    }
     SmallVector<KernelOp> kernels;
     getOperation().walk([&](KernelOp k) { kernels.push_back(k); });
     for (KernelOp k : kernels)
-      if (failed(lowerKernel(k, interleave)))
+      if (failed(lowerKernel(k, interleave, reduceLanes)))
         return signalPassFailure();
   }
 };

@@ -1,4 +1,5 @@
-//===- Pipelines.cpp - flashopt's named pass pipelines ---------------------===//
+//===- Pipelines.cpp - flashopt's named pass pipelines
+//---------------------===//
 //
 // Part of flashopt.
 //
@@ -46,6 +47,9 @@ void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma,
   // divisor, was +3 % on v4 and within noise on v3).
   FlashOptToCPUOptions toCPU;
   toCPU.interleave = interleave;
+  // The groups' absmaxes reduced together, down to one native vector (an
+  // x86 flavour's width; 4 lanes elsewhere).
+  toCPU.reduceLanes = x86VectorBits > 0 ? x86VectorBits / 32 : 4;
   pm.addPass(createFlashOptToCPU(toCPU));
   buildCPULLVMPipeline(pm, x86VectorBits);
 }
@@ -112,8 +116,7 @@ void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
 }
 
 namespace {
-struct GPUPipelineCLOptions
-    : public PassPipelineOptions<GPUPipelineCLOptions> {
+struct GPUPipelineCLOptions : public PassPipelineOptions<GPUPipelineCLOptions> {
   PassOptions::Option<std::string> chip{
       *this, "chip", llvm::cl::desc("NVIDIA chip (sm_80, sm_90, sm_100)"),
       llvm::cl::init("sm_90")};
@@ -125,8 +128,7 @@ struct GPUPipelineCLOptions
       llvm::cl::desc("Triton-compatible approximate arithmetic"),
       llvm::cl::init(false)};
 };
-struct CPUPipelineCLOptions
-    : public PassPipelineOptions<CPUPipelineCLOptions> {
+struct CPUPipelineCLOptions : public PassPipelineOptions<CPUPipelineCLOptions> {
   PassOptions::Option<bool> fma{
       *this, "fma",
       llvm::cl::desc("The CPU has a hardware FMA: run "
