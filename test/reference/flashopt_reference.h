@@ -201,7 +201,7 @@ inline float divUniform(float x, float d, bool fast) {
 /// used twice is rounded first (`value`), as the kernel's pass requires.
 struct Lazy {
   float a = 0.0f, b = 1.0f;
-  bool product = false; // a * b, rounded when used
+  bool product = false;  // a * b, rounded when used
   bool uniformB = false; // b is the same for the whole tensor or group
   float value() const { return product ? a * b : a; }
 };
@@ -326,10 +326,9 @@ inline Lazy dequantizeLazy(int32_t code, uint32_t scaleBits,
   float r = 1.0f / n_max;
   float sc = scaleToF32(enc.scale, scaleBits);
   float q = float(code);
-  if (enc.compand == Compand::Softsign) {
-    float t = q * r;
-    return Lazy{t / (2.0f - std::fabs(t)), sc, true, true};
-  }
+  if (enc.compand ==
+      Compand::Softsign) // t / (2 - |t|), t = q / N: one quotient
+    return Lazy{q / (2.0f * n_max - std::fabs(q)), sc, true, true};
   if (enc.compand == Compand::Sqrt) {
     float x1 = q * (r * sc);
     return Lazy{x1, x1, true, false};
@@ -351,7 +350,10 @@ inline uint32_t quantize_group(const float *x, int n, const QuantEncoding &enc,
   for (int i = 0; i < n; ++i) {
     float nn = divUniform(y[i], a, fast);
     float t = nn;
-    if (enc.compand == Compand::Softsign) {
+    if (enc.compand == Compand::Softsign && fast) {
+      // 2n / (1 + |n|), n = y / a, as one quotient: y / ((a + |y|) / 2)
+      t = y[i] / std::fma(std::fabs(y[i]), 0.5f, a * 0.5f);
+    } else if (enc.compand == Compand::Softsign) {
       float two_n = 2.0f * nn;
       float den = 1.0f + std::fabs(nn);
       t = two_n / den;
@@ -434,22 +436,30 @@ inline std::vector<std::string> state_names(const std::string &rule) {
 
 inline std::map<std::string, float> default_hypers(const std::string &rule) {
   if (rule == "adam")
-    return {{"lr", 1e-3f}, {"beta1", 0.9f}, {"beta2", 0.999f},
-            {"eps", 1e-8f}, {"weight_decay", 0.0f}};
+    return {{"lr", 1e-3f},
+            {"beta1", 0.9f},
+            {"beta2", 0.999f},
+            {"eps", 1e-8f},
+            {"weight_decay", 0.0f}};
   if (rule == "adamw")
-    return {{"lr", 1e-3f},         {"beta1", 0.9f},       {"beta2", 0.999f},
-            {"eps", 1e-8f},        {"weight_decay", 1e-2f}, {"decouple_lr", 0.0f},
+    return {{"lr", 1e-3f},           {"beta1", 0.9f},
+            {"beta2", 0.999f},       {"eps", 1e-8f},
+            {"weight_decay", 1e-2f}, {"decouple_lr", 0.0f},
             {"initial_lr", 1e-3f}};
   if (rule == "sgd")
-    return {{"lr", 1e-3f}, {"momentum", 0.0f}, {"dampening", 0.0f},
-            {"weight_decay", 0.0f}, {"nesterov", 0.0f}};
+    return {{"lr", 1e-3f},
+            {"momentum", 0.0f},
+            {"dampening", 0.0f},
+            {"weight_decay", 0.0f},
+            {"nesterov", 0.0f}};
   if (rule == "sgdw")
-    return {{"lr", 1e-3f},          {"momentum", 0.0f},   {"dampening", 0.0f},
-            {"weight_decay", 0.0f}, {"nesterov", 0.0f},   {"decouple_lr", 0.0f},
+    return {{"lr", 1e-3f},          {"momentum", 0.0f}, {"dampening", 0.0f},
+            {"weight_decay", 0.0f}, {"nesterov", 0.0f}, {"decouple_lr", 0.0f},
             {"initial_lr", 1e-3f}};
   if (rule == "lion")
-    return {{"lr", 1e-4f},          {"beta1", 0.9f},      {"beta2", 0.99f},
-            {"weight_decay", 0.0f}, {"decouple_lr", 0.0f}, {"initial_lr", 1e-4f}};
+    return {{"lr", 1e-4f},         {"beta1", 0.9f},
+            {"beta2", 0.99f},      {"weight_decay", 0.0f},
+            {"decouple_lr", 0.0f}, {"initial_lr", 1e-4f}};
   return {};
 }
 
@@ -617,10 +627,9 @@ inline void reference_step(const Config &cfg,
           int32_t code = enc.q.isSigned
                              ? int32_t(static_cast<int8_t *>(sb[k].a)[e])
                              : int32_t(static_cast<uint8_t *>(sb[k].a)[e]);
-          uint32_t bits =
-              enc.q.scale == DType::F32
-                  ? bitsOf(static_cast<float *>(sb[k].b)[gi])
-                  : uint32_t(static_cast<uint16_t *>(sb[k].b)[gi]);
+          uint32_t bits = enc.q.scale == DType::F32
+                              ? bitsOf(static_cast<float *>(sb[k].b)[gi])
+                              : uint32_t(static_cast<uint16_t *>(sb[k].b)[gi]);
           s[k] = dequantizeLazy(code, bits, enc.q, cfg.fast);
         } else {
           s[k] = plainL(widen(enc.plain, sb[k].a, e));

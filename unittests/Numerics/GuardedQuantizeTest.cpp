@@ -94,19 +94,19 @@ Fast guarded(float y, float limit) {
   return {std::isnan(f) ? 0.0f : f, slack <= limit};
 }
 
-/// The fast mode's softsign code (NUMERICS §7): n = y * RN(1/a), the
-/// quotient 2n / (1 + |n|) IEEE, floor(fma(t, 127, 0.5)).
+/// The fast mode's softsign code (NUMERICS §7): the quotient
+/// t = x / fma(|x|, 0.5, a * 0.5) IEEE, floor(fma(t, 127, 0.5)).
 float softsignFastModeExact(float x, float a) {
-  float n = x * (1.0f / a);
-  float t = (2.0f * n) / (1.0f + std::fabs(n));
+  float t = x / std::fma(std::fabs(x), 0.5f, a * 0.5f);
   return codeOf(std::fma(t, 127.0f, 0.5f));
 }
 
-/// Its guarded form: the same n, one approximate reciprocal.
+/// Its guarded form: the same divisor, one approximate reciprocal; N is
+/// NaN for a >= 2^126 (the reciprocal would not be normal).
 Fast softsignFastModeGuarded(float x, float a, int pick) {
-  float n = x * (1.0f / a);
-  float den = 1.0f + std::fabs(n);
-  float y = (n * 254.0f) * rcpApprox(den, pick);
+  float den = std::fma(std::fabs(x), 0.5f, a * 0.5f);
+  float n = a < 0x1p126f ? 127.0f : NAN;
+  float y = (x * n) * rcpApprox(den, pick);
   return guarded(y, 0.5f - 0x1p-13f);
 }
 
@@ -299,6 +299,18 @@ TEST_CASE("flashopt-guarded-quantize: special values fall back") {
     CHECK_FALSE(softsignFast(INFINITY, INFINITY, picks).ok);
     CHECK_FALSE(softsignFast(1.0f, INFINITY, picks).ok);
     CHECK_FALSE(softsignFast(1e38f, 0x1p126f, picks).ok);
+    // The fast mode's form: the same, and a huge absmax (whose divisor's
+    // reciprocal would be subnormal) fails instead of coding 0.
+    CHECK_FALSE(softsignFastModeGuarded(NAN, 1.0f, picks & 1).ok);
+    CHECK_FALSE(softsignFastModeGuarded(1.0f, NAN, picks & 1).ok);
+    CHECK_FALSE(softsignFastModeGuarded(INFINITY, INFINITY, picks & 1).ok);
+    CHECK_FALSE(softsignFastModeGuarded(3e38f, 3e38f, picks & 1).ok);
+    CHECK_FALSE(softsignFastModeGuarded(1.0f, 0x1p126f, picks & 1).ok);
+    CHECK(softsignFastModeExact(3e38f, 3e38f) == 127.0f);
+    CHECK(softsignFastModeExact(1.0f, INFINITY) == 0.0f);
+    Fast zf = softsignFastModeGuarded(-0.0f, 1e-12f, picks & 1);
+    CHECK(zf.ok);
+    CHECK(zf.code == 0.0f);
     CHECK_FALSE(sqrtFast(NAN, 1.0f, picks).ok);
     CHECK_FALSE(sqrtFast(1.0f, NAN, picks).ok);
     CHECK_FALSE(sqrtFast(-1.0f, 1.0f, picks).ok);
@@ -321,8 +333,9 @@ TEST_CASE("flashopt-guarded-quantize: the sqrt absmax from the largest "
           "radicand is the same bits") {
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-  const float specials[] = {0.0f, -0.0f, -1.0f, -0x1p-149f, NAN, -NAN,
-                            INFINITY, -INFINITY, 0x1p-149f, 3.4e38f, 1e-30f};
+  const float specials[] = {0.0f,      -0.0f,   -1.0f,    -0x1p-149f,
+                            NAN,       -NAN,    INFINITY, -INFINITY,
+                            0x1p-149f, 3.4e38f, 1e-30f};
   long compared = 0;
   for (int g = 0; g < 200000; ++g) {
     std::vector<float> v(32);
@@ -397,8 +410,8 @@ TEST_CASE("flashopt-guarded-quantize: how often an Adam trajectory falls "
     }
   }
   double rate = double(fellBack) / double(elements);
-  MESSAGE("Adam trajectory: " << elements << " elements, fallback rate "
-                              << rate << " (a warp of 256 elements: "
+  MESSAGE("Adam trajectory: " << elements << " elements, fallback rate " << rate
+                              << " (a warp of 256 elements: "
                               << 1.0 - std::pow(1.0 - rate, 256) << ")");
   CHECK(wrong == 0);
   CHECK(rate < 2e-3);

@@ -7,9 +7,10 @@
 ///
 /// \file
 /// The portable fast mode (docs/NUMERICS.md §7). In every kernel whose
-/// `flashopt.arithmetic` attribute is "fast", a per-element f32 division by
-/// a value that is uniform across the group (a per-step scalar of the
-/// prologue such as a bias correction, a constant such as the code range N,
+/// `flashopt.arithmetic` attribute is "fast", first the softsign quotients
+/// become one division each (fuseSoftsign below); then a per-element f32
+/// division by a value that is uniform across the group (a per-step scalar of
+/// the prologue such as a bias correction, a constant such as the code range N,
 /// a group's absmax) becomes a multiply by its IEEE reciprocal, computed
 /// once where the divisor is defined:
 ///
@@ -40,8 +41,9 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
-#include "llvm/ADT/DenseSet.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/Matchers.h"
+#include "llvm/ADT/DenseSet.h"
 
 namespace mlir::flashopt {
 #define GEN_PASS_DEF_FLASHOPTFASTARITHMETIC
@@ -119,6 +121,105 @@ OpBuilder builderAfterBoth(GroupBodyOp body, Value a, Value b) {
   OpBuilder b2(last->getContext());
   b2.setInsertionPointAfter(last);
   return b2;
+}
+
+bool isConstF(Value v, double c) {
+  APFloat f(0.0f);
+  return matchPattern(v, m_ConstantFloat(&f)) && f.convertToDouble() == c;
+}
+
+/// The operand of a commutative binary op `op` other than the constant
+/// `c`, or null.
+template <typename OpTy> Value otherThan(OpTy op, double c) {
+  if (!op)
+    return {};
+  if (isConstF(op.getLhs(), c))
+    return op.getRhs();
+  if (isConstF(op.getRhs(), c))
+    return op.getLhs();
+  return {};
+}
+
+/// The softsign quotients in one division each, with fewer roundings
+/// (docs/NUMERICS.md §7); both are the same real function of their inputs:
+///
+///   encode  n = y / a, t = 2n / (1 + |n|)  ->  t = y / fma(|y|, 0.5, a*0.5)
+///   decode  t = q / N, n = t / (2 - |t|)   ->  n = q / (2N - |q|)
+///
+/// (a, N uniform; a*0.5 and 2N computed once). The encode's divisor is
+/// (a + |y|)/2 rounded once and never overflows (|y| <= a, the group's
+/// absmax); the decode's is exact for integer codes |q| <= N. Each takes
+/// effect only where the intermediate (n, t) has no other use.
+void fuseSoftsign(GroupBodyOp body, Uniformity &uniformity) {
+  SmallVector<arith::DivFOp> quotients;
+  body.walk([&](arith::DivFOp d) {
+    if (isF32(d.getResult()) && !uniformity.isUniform(d.getResult()))
+      quotients.push_back(d);
+  });
+  llvm::DenseSet<Operation *> erased;
+  for (arith::DivFOp outer : quotients) {
+    Location loc = outer.getLoc();
+    // Encode: outer = (2 * n) / (1 + |n|), n = y / a.
+    if (erased.contains(outer))
+      continue;
+    Value n = otherThan(outer.getLhs().getDefiningOp<arith::MulFOp>(), 2.0);
+    Value absN = otherThan(outer.getRhs().getDefiningOp<arith::AddFOp>(), 1.0);
+    auto abs = absN ? absN.getDefiningOp<math::AbsFOp>() : nullptr;
+    auto inner = n ? n.getDefiningOp<arith::DivFOp>() : nullptr;
+    if (abs && inner && abs.getOperand() == n && isF32(n) &&
+        uniformity.isUniform(inner.getRhs()) &&
+        !uniformity.isUniform(inner.getLhs())) {
+      Operation *mul2 = outer.getLhs().getDefiningOp();
+      Operation *add1 = outer.getRhs().getDefiningOp();
+      if (!mul2->hasOneUse() || !add1->hasOneUse() || !abs->hasOneUse() ||
+          !llvm::all_of(inner->getUsers(),
+                        [&](Operation *u) { return u == mul2 || u == abs; }))
+        continue;
+      Value y = inner.getLhs(), a = inner.getRhs();
+      OpBuilder ub = builderAfter(a);
+      Value half = arith::ConstantOp::create(ub, loc, ub.getF32FloatAttr(0.5f));
+      Value h = arith::MulFOp::create(ub, loc, a, half);
+      OpBuilder b(outer);
+      Value half2 = arith::ConstantOp::create(b, loc, b.getF32FloatAttr(0.5f));
+      Value ay = math::AbsFOp::create(b, loc, y);
+      Value d = math::FmaOp::create(b, loc, ay, half2, h);
+      outer.replaceAllUsesWith(arith::DivFOp::create(b, loc, y, d).getResult());
+      outer.erase();
+      add1->erase();
+      mul2->erase();
+      abs.erase();
+      erased.insert(inner);
+      inner.erase();
+      uniformity.forget();
+      continue;
+    }
+    // Decode: outer = t / (2 - |t|), t = q / N.
+    auto sub = outer.getRhs().getDefiningOp<arith::SubFOp>();
+    if (!sub || !isConstF(sub.getLhs(), 2.0))
+      continue;
+    auto absT = sub.getRhs().getDefiningOp<math::AbsFOp>();
+    auto t = outer.getLhs().getDefiningOp<arith::DivFOp>();
+    if (!absT || !t || absT.getOperand() != t.getResult() ||
+        !uniformity.isUniform(t.getRhs()) || uniformity.isUniform(t.getLhs()) ||
+        !sub->hasOneUse() || !absT->hasOneUse() ||
+        !llvm::all_of(t->getUsers(),
+                      [&](Operation *u) { return u == outer || u == absT; }))
+      continue;
+    Value q = t.getLhs(), nmax = t.getRhs();
+    OpBuilder ub = builderAfter(nmax);
+    Value two = arith::ConstantOp::create(ub, loc, ub.getF32FloatAttr(2.0f));
+    Value twoNmax = arith::MulFOp::create(ub, loc, nmax, two);
+    OpBuilder b(outer);
+    Value den =
+        arith::SubFOp::create(b, loc, twoNmax, math::AbsFOp::create(b, loc, q));
+    outer.replaceAllUsesWith(arith::DivFOp::create(b, loc, q, den).getResult());
+    outer.erase();
+    sub.erase();
+    absT.erase();
+    erased.insert(t);
+    t.erase();
+    uniformity.forget();
+  }
 }
 
 /// `sqrt(x * u)`, u uniform, where the body also takes `sqrt(x)`:
@@ -234,6 +335,7 @@ void rewriteKernel(KernelOp kernel) {
   SmallVector<GroupBodyOp> bodies(kernel.getBody().getOps<GroupBodyOp>());
   for (GroupBodyOp body : bodies) {
     Uniformity uniformity(body);
+    fuseSoftsign(body, uniformity);
     SmallVector<arith::DivFOp> divs;
     body.walk([&](arith::DivFOp d) {
       if (d.getType().isF32() && uniformity.isUniform(d.getRhs()) &&

@@ -23,8 +23,9 @@
 ///          the same bits as max(group_max(|sqrt(x)|), C0))
 ///     K  = N * rcp_approx(a);  S = a < 2^60 ? K * K : NaN   (per group)
 ///     y' = sqrt_approx(x * S)
-///   fast-mode softsign (code = floor(fma(t, N, 0.5)), n = y * (1 / a)):
-///     y' = (n * 2N) * rcp_approx(1 + |n|)
+///   fast-mode softsign (code = floor(fma(t, N, 0.5)),
+///   t = y / fma(|y|, 0.5, a * 0.5)):
+///     y' = (y * (a < 2^126 ? N : NaN)) * rcp_approx(fma(|y|, 0.5, a * 0.5))
 ///
 /// The codes of one group body share one flashopt.guarded: one test of a
 /// worker's lanes and one branch per iteration.
@@ -41,8 +42,8 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
-#include "mlir/IR/PatternMatch.h"
 #include "mlir/IR/Matchers.h"
+#include "mlir/IR/PatternMatch.h"
 #include "mlir/Transforms/RegionUtils.h"
 
 #include <cmath>
@@ -59,16 +60,16 @@ namespace {
 
 bool isConst(Value v, double c) {
   APFloat f(0.0f);
-  return matchPattern(v, m_ConstantFloat(&f)) &&
-         f.convertToDouble() == c;
+  return matchPattern(v, m_ConstantFloat(&f)) && f.convertToDouble() == c;
 }
 
 /// One matched code: the chain from `y` (softsign) or `x` (sqrt) to `conv`.
 struct Site {
   enum Kind { Softsign, SoftsignFast, Sqrt } kind;
+  Value den;         // SoftsignFast: the quotient's divisor, (a + |y|) / 2
   Operation *conv;   // fptosi / fptoui to i8
   Value y;           // the value divided by the absmax (sqrt(x) for sqrt;
-                     // SoftsignFast: n, y times the absmax's reciprocal)
+                     // SoftsignFast: the quantized value itself)
   Value x;           // sqrt: the radicand
   Value a;           // maximumf(group_max(absf(y)), c0)
   GroupMaxOp absmax; // the group_max under a
@@ -88,7 +89,8 @@ std::optional<Site> match(Operation *conv) {
   auto floor = sel.getFalseValue().getDefiningOp<math::FloorOp>();
   auto isNan = sel.getCondition().getDefiningOp<arith::CmpFOp>();
   if (!floor || !isNan || isNan.getPredicate() != arith::CmpFPredicate::UNO ||
-      isNan.getLhs() != floor.getResult() || isNan.getRhs() != floor.getResult())
+      isNan.getLhs() != floor.getResult() ||
+      isNan.getRhs() != floor.getResult())
     return std::nullopt;
   // h = addf(mulf(t, N), 0.5), or the fast mode's fma(t, N, 0.5).
   SmallVector<Operation *> tail;
@@ -121,6 +123,30 @@ std::optional<Site> match(Operation *conv) {
   SmallVector<Operation *> head;
   if (auto soft = t.getDefiningOp<arith::DivFOp>();
       soft && isSigned && s.n == 127.0) {
+    if (fused) {
+      // The fast mode (NUMERICS §7): t = y / fma(|y|, 0.5, a * 0.5), a the
+      // group absmax of y; the chain starts at the quotient.
+      auto den = soft.getRhs().getDefiningOp<math::FmaOp>();
+      Value y = soft.getLhs();
+      auto absY = den ? den.getA().getDefiningOp<math::AbsFOp>() : nullptr;
+      auto h = den ? den.getC().getDefiningOp<arith::MulFOp>() : nullptr;
+      if (!den || !absY || absY.getOperand() != y ||
+          !isConst(den.getB(), 0.5) || !h)
+        return std::nullopt;
+      Value a = isConst(h.getRhs(), 0.5)   ? h.getLhs()
+                : isConst(h.getLhs(), 0.5) ? h.getRhs()
+                                           : Value();
+      if (!a || !getGroupAbsmaxOf(a, y))
+        return std::nullopt;
+      s.kind = Site::SoftsignFast;
+      s.y = y;
+      s.a = a;
+      s.den = den.getResult();
+      s.chain = {soft};
+      s.chain.append(tail.begin(), tail.end());
+      s.chain.append({floor, isNan, sel, conv});
+      return s;
+    }
     // t = divf(mulf(2, n), addf(1, absf(n)))
     auto two = soft.getLhs().getDefiningOp<arith::MulFOp>();
     auto den = soft.getRhs().getDefiningOp<arith::AddFOp>();
@@ -131,21 +157,6 @@ std::optional<Site> match(Operation *conv) {
     if (!abs || abs.getOperand() != two.getRhs())
       return std::nullopt;
     head = {two, abs, den, soft};
-    if (fused) {
-      // The fast mode (NUMERICS §7): n = y * (1 / a), the reciprocal of
-      // the group absmax of y, so |n| <= 1 + 2u; the chain starts at n.
-      auto mul = two.getRhs().getDefiningOp<arith::MulFOp>();
-      auto rcp = mul ? mul.getRhs().getDefiningOp<arith::DivFOp>() : nullptr;
-      if (!rcp || !isConst(rcp.getLhs(), 1.0) ||
-          !getGroupAbsmaxOf(rcp.getRhs(), mul.getLhs()))
-        return std::nullopt;
-      s.kind = Site::SoftsignFast;
-      s.y = mul.getResult();
-      s.chain = head;
-      s.chain.append(tail.begin(), tail.end());
-      s.chain.append({floor, isNan, sel, conv});
-      return s;
-    }
     div = two.getRhs().getDefiningOp<arith::DivFOp>();
     s.kind = Site::Softsign;
   } else if (auto d = t.getDefiningOp<arith::DivFOp>();
@@ -201,10 +212,14 @@ GuardedOp rewrite(Site &s) {
   Value a = s.a;
   Value scaledApprox;
   double delta;
-  if (s.kind == Site::Softsign || s.kind == Site::SoftsignFast) {
-    Value n = s.y;
-    if (s.kind == Site::Softsign)
-      n = B.mul(s.y, B.belowOrNaN(a, 0x1p126, B.rcp(a)));
+  if (s.kind == Site::SoftsignFast) {
+    // y' = (y * N) * rcp_approx(den), den = (a + |y|) / 2 in [a/2, a]: a
+    // normal reciprocal where a < 2^126 (else N is NaN: the guard fails).
+    Value n = B.belowOrNaN(a, 0x1p126, B.c(s.n));
+    scaledApprox = B.mul(B.mul(s.y, n), B.rcp(s.den));
+    delta = 0x1p-13;
+  } else if (s.kind == Site::Softsign) {
+    Value n = B.mul(s.y, B.belowOrNaN(a, 0x1p126, B.rcp(a)));
     Value den = B.add(B.c(1.0), math::AbsFOp::create(b, loc, n));
     scaledApprox = B.mul(B.mul(n, B.c(2.0 * s.n)), B.rcp(den));
     delta = 0x1p-13;
@@ -226,8 +241,7 @@ GuardedOp rewrite(Site &s) {
   // The nearest integer: floor(y' + 0.5) but at the half-integers, which
   // the guard excludes (one rounding instead of an add and a floor).
   Value f = math::RoundEvenOp::create(b, loc, scaledApprox);
-  Value isNan =
-      arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, f, f);
+  Value isNan = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, f, f);
   Value q = arith::SelectOp::create(b, loc, isNan, B.c(0.0), f);
   Operation *codeOp = b.clone(*conv);
   codeOp->setOperand(0, q);
@@ -275,8 +289,8 @@ void merge(MutableArrayRef<GuardedOp> ops) {
     fast.append(g.getFast().begin(), g.getFast().end());
     types.append(g.getResultTypes().begin(), g.getResultTypes().end());
   }
-  auto merged = GuardedOp::create(b, loc, types, slack, b.getF32FloatAttr(limit),
-                                  fast);
+  auto merged =
+      GuardedOp::create(b, loc, types, slack, b.getF32FloatAttr(limit), fast);
   Block *body = new Block();
   merged.getFallback().push_back(body);
   OpBuilder rb = OpBuilder::atBlockEnd(body);

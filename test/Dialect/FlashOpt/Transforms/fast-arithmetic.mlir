@@ -255,3 +255,88 @@ flashopt.kernel @bad group_size(32) buffers([#flashopt.buffer<"x", f32, element,
     flashopt.store_element 0, %x : f32
   }
 }
+
+// -----
+
+// The softsign quotients, one division each (docs/NUMERICS.md §7): the
+// encode 2n / (1 + |n|), n = y / a, becomes y / fma(|y|, 0.5, a * 0.5)
+// (a * 0.5 once per group); the decode t / (2 - |t|), t = q / N, becomes
+// q / (2N - |q|) (2N once). Where the intermediate has another use, both
+// stay as they were (the uniform division still becomes a multiply).
+// CHECK-LABEL: flashopt.kernel @softsign
+// CHECK: %[[Q:.*]] = arith.sitofp
+// CHECK: %[[TWON:.*]] = arith.mulf %{{.*}}, %{{.*}} : f32
+// CHECK: %[[AQ:.*]] = math.absf %[[Q]] : f32
+// CHECK: %[[DEN:.*]] = arith.subf %[[TWON]], %[[AQ]] : f32
+// CHECK: %[[DEC:.*]] = arith.divf %[[Q]], %[[DEN]] : f32
+// CHECK: %[[Y:.*]] = arith.mulf %[[DEC]], %{{.*}} : f32
+// CHECK: %[[GM:.*]] = flashopt.group_max
+// CHECK: %[[A:.*]] = arith.maximumf %[[GM]]
+// CHECK: %[[H:.*]] = arith.mulf %[[A]], %{{.*}} : f32
+// CHECK: %[[AY:.*]] = math.absf %[[Y]] : f32
+// CHECK: %[[D:.*]] = math.fma %[[AY]], %{{.*}}, %[[H]] : f32
+// CHECK: %[[T:.*]] = arith.divf %[[Y]], %[[D]] : f32
+// CHECK: math.fma %[[T]], %{{.*}}, %{{.*}} : f32
+// CHECK-NOT: arith.addf
+// CHECK: flashopt.store_element 1
+flashopt.kernel @softsign group_size(32) buffers([#flashopt.buffer<"x", f32, element, read>, #flashopt.buffer<"m.codes", i8, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+  flashopt.group_body {
+    %x = flashopt.load_element 0 : f32
+    %code = flashopt.load_element 1 : i8
+    %qf = arith.sitofp %code : i8 to f32
+    %n127 = arith.constant 1.270000e+02 : f32
+    %t = arith.divf %qf, %n127 : f32
+    %at = math.absf %t : f32
+    %two = arith.constant 2.000000e+00 : f32
+    %den = arith.subf %two, %at : f32
+    %dec = arith.divf %t, %den : f32
+    %y = arith.mulf %dec, %x : f32
+    %ay = math.absf %y : f32
+    %gm = flashopt.group_max %ay : f32
+    %floor = arith.constant 9.99999996E-13 : f32
+    %a = arith.maximumf %gm, %floor : f32
+    %n = arith.divf %y, %a : f32
+    %n2 = arith.mulf %two, %n : f32
+    %an = math.absf %n : f32
+    %one = arith.constant 1.000000e+00 : f32
+    %den2 = arith.addf %one, %an : f32
+    %ts = arith.divf %n2, %den2 : f32
+    %s = arith.mulf %ts, %n127 : f32
+    %half = arith.constant 5.000000e-01 : f32
+    %w = arith.addf %s, %half : f32
+    %f = math.floor %w : f32
+    %c = arith.fptosi %f : f32 to i8
+    flashopt.store_element 1, %c : i8
+  }
+}
+
+// -----
+
+// n used elsewhere too: the encode keeps 2n / (1 + |n|).
+// CHECK-LABEL: flashopt.kernel @softsign_shared
+// CHECK: %[[R:.*]] = arith.divf %{{.*}}, %{{.*}} : f32
+// CHECK: %[[N:.*]] = arith.mulf %{{.*}}, %[[R]] : f32
+// CHECK: %[[AN:.*]] = math.absf %[[N]] : f32
+// CHECK: arith.addf %{{.*}}, %[[AN]] : f32
+// CHECK-NOT: math.fma %{{.*}}, %{{.*}}, %{{.*}} : f32
+// CHECK: flashopt.store_element 0, %[[N]]
+flashopt.kernel @softsign_shared group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"m.codes", i8, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+  flashopt.group_body {
+    %y = flashopt.load_element 0 : f32
+    %ay = math.absf %y : f32
+    %gm = flashopt.group_max %ay : f32
+    %floor = arith.constant 9.99999996E-13 : f32
+    %a = arith.maximumf %gm, %floor : f32
+    %n = arith.divf %y, %a : f32
+    %two = arith.constant 2.000000e+00 : f32
+    %n2 = arith.mulf %two, %n : f32
+    %an = math.absf %n : f32
+    %one = arith.constant 1.000000e+00 : f32
+    %den2 = arith.addf %one, %an : f32
+    %ts = arith.divf %n2, %den2 : f32
+    %f = math.floor %ts : f32
+    %c = arith.fptosi %f : f32 to i8
+    flashopt.store_element 1, %c : i8
+    flashopt.store_element 0, %n : f32
+  }
+}

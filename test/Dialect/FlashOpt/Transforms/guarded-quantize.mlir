@@ -137,23 +137,56 @@ flashopt.kernel @other group_size(32) buffers([#flashopt.buffer<"x", f32, elemen
 
 // -----
 
-// The fast mode's softsign code (n = y * (1 / a), the code through one
-// fma, NUMERICS §7): the same n, one approximate reciprocal, the quotient and
-// the fma in the fallback.
+// The fast mode's softsign code (t = y / fma(|y|, 0.5, a * 0.5), the code
+// through one fma, NUMERICS §7): the same divisor, one approximate
+// reciprocal, N guarded per group (a < 2^126), the quotient and the fma in
+// the fallback.
 // CHECK-LABEL: flashopt.kernel @fast
-// CHECK: %[[R:.*]] = arith.divf %{{.*}}, %{{.*}} : f32
-// CHECK: %[[N:.*]] = arith.mulf %{{.*}}, %[[R]] : f32
-// CHECK: %[[AN:.*]] = math.absf %[[N]] : f32
-// CHECK: %[[DEN:.*]] = arith.addf %{{.*}}, %[[AN]] : f32
-// CHECK: %[[RD:.*]] = flashopt.rcp_approx %[[DEN]] : f32
-// CHECK: %[[N2:.*]] = arith.mulf %[[N]], %{{.*}} : f32
-// CHECK: %[[Y:.*]] = arith.mulf %[[N2]], %[[RD]] : f32
+// CHECK: %[[A:.*]] = arith.maximumf %{{.*}}, %{{.*}} : f32
+// CHECK: %[[H:.*]] = arith.mulf %[[A]], %{{.*}} : f32
+// CHECK: %[[AY:.*]] = math.absf %[[M:.*]] : f32
+// CHECK: %[[D:.*]] = math.fma %[[AY]], %{{.*}}, %[[H]] : f32
+// CHECK: %[[OK:.*]] = arith.cmpf olt, %[[A]], %{{.*}} : f32
+// CHECK: %[[N:.*]] = arith.select %[[OK]], %{{.*}}, %{{.*}} : f32
+// CHECK-DAG: %[[YN:.*]] = arith.mulf %[[M]], %[[N]] : f32
+// CHECK-DAG: %[[RD:.*]] = flashopt.rcp_approx %[[D]] : f32
+// CHECK: %[[Y:.*]] = arith.mulf %[[YN]], %[[RD]] : f32
 // CHECK: math.roundeven %[[Y]] : f32
 // CHECK: flashopt.guarded %{{.*}}, %{{.*}} {limit = 0.49987793 : f32} : i8 -> i8 {
-// CHECK:   arith.divf
+// CHECK:   arith.divf %[[M]], %[[D]]
 // CHECK:   math.fma
 // CHECK:   flashopt.yield
 flashopt.kernel @fast group_size(32) buffers([#flashopt.buffer<"m", f32, element, read>, #flashopt.buffer<"m.codes", i8, element, readwrite>]) hypers([]) {
+  flashopt.group_body {
+    %m = flashopt.load_element 0 : f32
+    %am = math.absf %m : f32
+    %gm = flashopt.group_max %am : f32
+    %floor = arith.constant 9.99999996E-13 : f32
+    %a = arith.maximumf %gm, %floor : f32
+    %half = arith.constant 5.000000e-01 : f32
+    %h = arith.mulf %a, %half : f32
+    %ay = math.absf %m : f32
+    %d = math.fma %ay, %half, %h : f32
+    %t = arith.divf %m, %d : f32
+    %c127 = arith.constant 1.270000e+02 : f32
+    %w = math.fma %t, %c127, %half : f32
+    %f = math.floor %w : f32
+    %nan = arith.cmpf uno, %f, %f : f32
+    %zero = arith.constant 0.000000e+00 : f32
+    %q = arith.select %nan, %zero, %f : f32
+    %code = arith.fptosi %q : f32 to i8
+    flashopt.store_element 1, %code : i8
+  }
+}
+
+// -----
+
+// The previous fast form (n = y * (1 / a), t = 2n / (1 + |n|)) is no longer
+// what flashopt-fast-arithmetic writes: left alone.
+// CHECK-LABEL: flashopt.kernel @oldfast
+// CHECK-NOT: flashopt.guarded
+// CHECK-NOT: rcp_approx
+flashopt.kernel @oldfast group_size(32) buffers([#flashopt.buffer<"m", f32, element, read>, #flashopt.buffer<"m.codes", i8, element, readwrite>]) hypers([]) {
   flashopt.group_body {
     %m = flashopt.load_element 0 : f32
     %am = math.absf %m : f32

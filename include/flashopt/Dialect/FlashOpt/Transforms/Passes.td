@@ -177,7 +177,12 @@ def FlashOptFastArithmetic : Pass<"flashopt-fast-arithmetic", "::mlir::ModuleOp"
     Acts on every `flashopt.kernel` whose discardable attribute
     `flashopt.arithmetic` is `"fast"` (a spec's `"arithmetic": "fast"`;
     `"exact"` or no attribute leaves a kernel alone; any other value is an
-    error). In the group body, an f32 division of a per-element value by a
+    error). First, in the group body, the two softsign quotients become one
+    division each (the same real function, fewer roundings): the encode
+    `2n / (1 + |n|)`, `n = y / a` (a uniform), becomes
+    `y / fma(|y|, 0.5, a * 0.5)`, and the decode `t / (2 - |t|)`,
+    `t = q / N` (N uniform), becomes `q / (2N - |q|)`, where the
+    intermediate has no other use. Then an f32 division of a per-element value by a
     value that is uniform across the group (defined in the prologue, a
     constant, or computed from `flashopt.group_max` / `flashopt.load_group`
     results only) becomes a multiply by its IEEE reciprocal, computed once
