@@ -203,6 +203,9 @@ struct Lazy {
   float a = 0.0f, b = 1.0f;
   bool product = false;  // a * b, rounded when used
   bool uniformB = false; // b is the same for the whole tensor or group
+  /// A fast softsign decode (a = RN(q / d0)): the code and its divisor, for
+  /// a rule that pairs the quotient with its own (Rule::apply).
+  float code = 0.0f, d0 = 0.0f;
   float value() const { return product ? a * b : a; }
 };
 inline Lazy plainL(float v) { return Lazy{v, 1.0f, false, false}; }
@@ -327,8 +330,10 @@ inline Lazy dequantizeLazy(int32_t code, uint32_t scaleBits,
   float sc = scaleToF32(enc.scale, scaleBits);
   float q = float(code);
   if (enc.compand ==
-      Compand::Softsign) // t / (2 - |t|), t = q / N: one quotient
-    return Lazy{q / (2.0f * n_max - std::fabs(q)), sc, true, true};
+      Compand::Softsign) { // t / (2 - |t|), t = q / N: one quotient
+    float d0 = 2.0f * n_max - std::fabs(q);
+    return Lazy{q / d0, sc, true, true, q, d0};
+  }
   if (enc.compand == Compand::Sqrt) {
     float x1 = q * (r * sc);
     return Lazy{x1, x1, true, false};
@@ -516,26 +521,38 @@ struct Rule {
         gv = A.add(g, A.mulU(plainL(theta), H("weight_decay")));
       else
         gv = g.value();
-      float m = A.add(A.mulU(s[0], H("beta1")), A.mulU(plainL(gv), omb1));
       float v = A.add(A.mulU(s[1], H("beta2")),
                       A.mulU(plainL(A.mul(gv, gv).value()), omb2));
-      out[0] = m;
-      out[1] = v;
       float num, den;
       if (fast) {
-        num = A.mulU(A.mulU(plainL(m), 1.0f / bc1), H("lr")).value();
         float rbc2 = 1.0f / bc2;
         if (sqrtState) // sqrt(v * rbc2) as sqrt(v) * sqrt(rbc2), + eps fused
           den = std::fma(std::sqrt(v), std::sqrt(rbc2), H("eps"));
         else
           den = std::sqrt(v * rbc2) + H("eps");
       } else {
-        num = H("lr") * (m / bc1);
         den = std::sqrt(v / bc2) + H("eps");
       }
-      float upd = num / den;
+      // Fast mode: a softsign-decoded m and the update share one reciprocal
+      // (NUMERICS §7): r = 1 / (d0 * den), m = q * (den * r), num * (d0 * r).
+      bool paired = fast && s[0].d0 != 0.0f;
+      float toNum = 0.0f;
+      if (paired) {
+        float r = 1.0f / (s[0].d0 * den);
+        s[0].a = s[0].code * (den * r);
+        toNum = s[0].d0 * r;
+      }
+      float m = A.add(A.mulU(s[0], H("beta1")), A.mulU(plainL(gv), omb1));
+      out[0] = m;
+      out[1] = v;
+      if (fast)
+        num = A.mulU(A.mulU(plainL(m), 1.0f / bc1), H("lr")).value();
+      else
+        num = H("lr") * (m / bc1);
+      // Paired, the update is a product: Adam's theta - upd fuses it.
+      Lazy upd = paired ? A.mul(num, toNum) : plainL(num / den);
       Lazy th = name == "adamw" ? A.mulU(plainL(theta), dec) : plainL(theta);
-      theta = A.sub(th, plainL(upd));
+      theta = A.sub(th, upd);
     } else if (name == "sgd" || name == "sgdw") {
       float gv;
       if (name == "sgd")

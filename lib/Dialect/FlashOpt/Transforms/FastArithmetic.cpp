@@ -8,7 +8,9 @@
 /// \file
 /// The portable fast mode (docs/NUMERICS.md §7). In every kernel whose
 /// `flashopt.arithmetic` attribute is "fast", first the softsign quotients
-/// become one division each (fuseSoftsign below); then a per-element f32
+/// become one division each (fuseSoftsign below), and after the square roots
+/// are shared a softsign decode and Adam's update share one reciprocal
+/// (pairQuotients below); then a per-element f32
 /// division by a value that is uniform across the group (a per-step scalar of
 /// the prologue such as a bias correction, a constant such as the code range N,
 /// a group's absmax) becomes a multiply by its IEEE reciprocal, computed
@@ -206,9 +208,18 @@ void fuseSoftsign(GroupBodyOp body, Uniformity &uniformity) {
                       [&](Operation *u) { return u == outer || u == absT; }))
       continue;
     Value q = t.getLhs(), nmax = t.getRhs();
-    OpBuilder ub = builderAfter(nmax);
-    Value two = arith::ConstantOp::create(ub, loc, ub.getF32FloatAttr(2.0f));
-    Value twoNmax = arith::MulFOp::create(ub, loc, nmax, two);
+    Value twoNmax;
+    APFloat nConst(0.0f);
+    if (matchPattern(nmax, m_ConstantFloat(&nConst))) {
+      // 2N as a constant: pairQuotients recognizes the decode by it.
+      OpBuilder cb(outer);
+      twoNmax = arith::ConstantOp::create(
+          cb, loc, cb.getF32FloatAttr(2.0f * nConst.convertToFloat()));
+    } else {
+      OpBuilder ub = builderAfter(nmax);
+      Value two = arith::ConstantOp::create(ub, loc, ub.getF32FloatAttr(2.0f));
+      twoNmax = arith::MulFOp::create(ub, loc, nmax, two);
+    }
     OpBuilder b(outer);
     Value den =
         arith::SubFOp::create(b, loc, twoNmax, math::AbsFOp::create(b, loc, q));
@@ -220,6 +231,118 @@ void fuseSoftsign(GroupBodyOp body, Uniformity &uniformity) {
     t.erase();
     uniformity.forget();
   }
+}
+
+/// A softsign decode quotient `q / (C - |q|)` after fuseSoftsign: q an
+/// 8-bit code converted to f32, C = 2N a constant in [129, 1024], so the
+/// divisor is an exact integer in [C - 128, C]: never 0, never far from 1.
+bool isDecodeQuotient(arith::DivFOp d) {
+  auto sub = d.getRhs().getDefiningOp<arith::SubFOp>();
+  if (!sub)
+    return false;
+  auto abs = sub.getRhs().getDefiningOp<math::AbsFOp>();
+  APFloat c(0.0f);
+  if (!abs || abs.getOperand() != d.getLhs() ||
+      !matchPattern(sub.getLhs(), m_ConstantFloat(&c)) ||
+      c.convertToDouble() < 129.0 || c.convertToDouble() > 1024.0)
+    return false;
+  Operation *conv = d.getLhs().getDefiningOp();
+  if (!conv || !isa<arith::SIToFPOp, arith::UIToFPOp>(conv))
+    return false;
+  return conv->getOperand(0).getType().isInteger(8);
+}
+
+/// Every operation of the body that depends on `root`'s result.
+llvm::DenseSet<Operation *> dependents(Operation *root) {
+  llvm::DenseSet<Operation *> seen;
+  SmallVector<Operation *> work{root};
+  while (!work.empty()) {
+    Operation *op = work.pop_back_val();
+    for (Operation *user : op->getUsers())
+      if (seen.insert(user).second)
+        work.push_back(user);
+  }
+  return seen;
+}
+
+/// A softsign decode quotient and the next per-element division whose
+/// divisor does not depend on it (AdamW's m-hat / (sqrt(v-hat) + eps)) share
+/// one IEEE reciprocal (docs/NUMERICS.md §7):
+///
+///   q / d0, x / d   ->   r = 1 / (d0 * d);   q * (d * r),  x * (d0 * r)
+///
+/// One division instead of two, where the divider is what bounds a CPU core
+/// (docs/PERFORMANCE.md). d0 is in [C - 128, C], so r, d * r and d0 * r are
+/// normal wherever d is in about [2^-127, 2^118] (C = 254); outside, the
+/// quotients may be 0, infinite or NaN where the IEEE ones were not (d = 0 or
+/// infinite makes the decoded state NaN; the update it divides is not finite
+/// then either).
+void pairQuotients(GroupBodyOp body, Uniformity &uniformity) {
+  Block &block = body.getBody().front();
+  SmallVector<arith::DivFOp> divs;
+  for (Operation &op : block)
+    if (auto d = dyn_cast<arith::DivFOp>(op))
+      if (isF32(d.getResult()) && !uniformity.isUniform(d.getResult()))
+        divs.push_back(d);
+  llvm::DenseSet<Operation *> used;
+  bool changed = false;
+  for (size_t i = 0; i < divs.size(); ++i) {
+    arith::DivFOp dec = divs[i];
+    if (used.contains(dec) || !isDecodeQuotient(dec))
+      continue;
+    llvm::DenseSet<Operation *> after = dependents(dec);
+    arith::DivFOp partner;
+    for (size_t j = i + 1; j < divs.size() && !partner; ++j) {
+      arith::DivFOp d = divs[j];
+      Operation *den = d.getRhs().getDefiningOp();
+      if (used.contains(d) || isDecodeQuotient(d) || !den ||
+          !body->isProperAncestor(den) || after.contains(den) || den == dec)
+        continue;
+      partner = d;
+    }
+    if (!partner)
+      continue;
+    used.insert(dec);
+    used.insert(partner);
+    Value d0 = dec.getRhs(), d = partner.getRhs();
+    Operation *last = d0.getDefiningOp()->isBeforeInBlock(d.getDefiningOp())
+                          ? d.getDefiningOp()
+                          : d0.getDefiningOp();
+    Location loc = dec.getLoc();
+    OpBuilder b(last->getContext());
+    b.setInsertionPointAfter(last);
+    Value p = arith::MulFOp::create(b, loc, d0, d);
+    Value one = arith::ConstantOp::create(b, loc, b.getF32FloatAttr(1.0f));
+    Value r = arith::DivFOp::create(b, loc, one, p);
+    Value s1 = arith::MulFOp::create(b, loc, d, r);
+    Value decoded = arith::MulFOp::create(b, loc, dec.getLhs(), s1);
+    Value s0 = arith::MulFOp::create(b, loc, d0, r);
+    dec.replaceAllUsesWith(decoded);
+    dec.erase();
+    // The decoded value now follows the partner's divisor: what uses it
+    // before that point moves right after it, in order; the rest stays.
+    Operation *anchor = s0.getDefiningOp();
+    llvm::DenseSet<Operation *> users = dependents(decoded.getDefiningOp());
+    SmallVector<Operation *> early;
+    for (Operation &op : block) {
+      if (&op == last)
+        break;
+      if (users.contains(&op))
+        early.push_back(&op);
+    }
+    for (Operation *op : early) {
+      op->moveAfter(anchor);
+      anchor = op;
+    }
+    OpBuilder pb(partner);
+    partner.replaceAllUsesWith(
+        arith::MulFOp::create(pb, partner.getLoc(), partner.getLhs(), s0)
+            .getResult());
+    partner.erase();
+    changed = true;
+  }
+  if (changed)
+    uniformity.forget();
 }
 
 /// `sqrt(x * u)`, u uniform, where the body also takes `sqrt(x)`:
@@ -359,6 +482,7 @@ void rewriteKernel(KernelOp kernel) {
       div.erase();
     }
     shareSquareRoots(body, uniformity);
+    pairQuotients(body, uniformity);
     foldUniformFactors(body, uniformity);
     contractToFMA(body, uniformity);
   }

@@ -261,11 +261,11 @@ flashopt.kernel @bad group_size(32) buffers([#flashopt.buffer<"x", f32, element,
 // The softsign quotients, one division each (docs/NUMERICS.md §7): the
 // encode 2n / (1 + |n|), n = y / a, becomes y / fma(|y|, 0.5, a * 0.5)
 // (a * 0.5 once per group); the decode t / (2 - |t|), t = q / N, becomes
-// q / (2N - |q|) (2N once). Where the intermediate has another use, both
+// q / (2N - |q|) (2N a constant). Where the intermediate has another use, both
 // stay as they were (the uniform division still becomes a multiply).
 // CHECK-LABEL: flashopt.kernel @softsign
 // CHECK: %[[Q:.*]] = arith.sitofp
-// CHECK: %[[TWON:.*]] = arith.mulf %{{.*}}, %{{.*}} : f32
+// CHECK: %[[TWON:.*]] = arith.constant 2.540000e+02 : f32
 // CHECK: %[[AQ:.*]] = math.absf %[[Q]] : f32
 // CHECK: %[[DEN:.*]] = arith.subf %[[TWON]], %[[AQ]] : f32
 // CHECK: %[[DEC:.*]] = arith.divf %[[Q]], %[[DEN]] : f32
@@ -338,5 +338,65 @@ flashopt.kernel @softsign_shared group_size(32) buffers([#flashopt.buffer<"x", f
     %c = arith.fptosi %f : f32 to i8
     flashopt.store_element 1, %c : i8
     flashopt.store_element 0, %n : f32
+  }
+}
+
+// -----
+
+// A softsign decode quotient and the next per-element division whose divisor
+// does not depend on it share one reciprocal: r = 1 / (d0 * d), the decode
+// q * (d * r), the other x * (d0 * r). The decode's users move after r.
+// CHECK-LABEL: flashopt.kernel @pair
+// CHECK: %[[Q:.*]] = arith.sitofp
+// CHECK: %[[D0:.*]] = arith.subf %{{.*}}, %{{.*}} : f32
+// CHECK: %[[D:.*]] = flashopt.load_element 2 : f32
+// CHECK: %[[P:.*]] = arith.mulf %[[D0]], %[[D]] : f32
+// CHECK: %[[R:.*]] = arith.divf %{{.*}}, %[[P]] : f32
+// CHECK: %[[S1:.*]] = arith.mulf %[[D]], %[[R]] : f32
+// CHECK: %[[DEC:.*]] = arith.mulf %[[Q]], %[[S1]] : f32
+// CHECK: %[[S0:.*]] = arith.mulf %[[D0]], %[[R]] : f32
+// CHECK: %[[X:.*]] = arith.mulf %[[DEC]], %{{.*}} : f32
+// CHECK: arith.mulf %[[X]], %[[S0]] : f32
+// CHECK-NOT: arith.divf
+// CHECK: flashopt.store_element 0
+flashopt.kernel @pair group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"m.codes", i8, element, read>, #flashopt.buffer<"d", f32, element, read>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+  flashopt.group_body {
+    %x = flashopt.load_element 0 : f32
+    %code = flashopt.load_element 1 : i8
+    %qf = arith.sitofp %code : i8 to f32
+    %n127 = arith.constant 1.270000e+02 : f32
+    %t = arith.divf %qf, %n127 : f32
+    %at = math.absf %t : f32
+    %two = arith.constant 2.000000e+00 : f32
+    %den = arith.subf %two, %at : f32
+    %dec = arith.divf %t, %den : f32
+    %num = arith.mulf %dec, %x : f32
+    %d = flashopt.load_element 2 : f32
+    %u = arith.divf %num, %d : f32
+    flashopt.store_element 0, %u : f32
+  }
+}
+
+// -----
+
+// The other division's divisor depends on the decode: no pair.
+// CHECK-LABEL: flashopt.kernel @nopair
+// CHECK: %[[DEC:.*]] = arith.divf
+// CHECK: arith.divf %{{.*}}, %{{.*}} : f32
+// CHECK: flashopt.store_element 0
+flashopt.kernel @nopair group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"m.codes", i8, element, read>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+  flashopt.group_body {
+    %x = flashopt.load_element 0 : f32
+    %code = flashopt.load_element 1 : i8
+    %qf = arith.sitofp %code : i8 to f32
+    %n127 = arith.constant 1.270000e+02 : f32
+    %t = arith.divf %qf, %n127 : f32
+    %at = math.absf %t : f32
+    %two = arith.constant 2.000000e+00 : f32
+    %den = arith.subf %two, %at : f32
+    %dec = arith.divf %t, %den : f32
+    %d = arith.addf %dec, %x : f32
+    %u = arith.divf %x, %d : f32
+    flashopt.store_element 0, %u : f32
   }
 }

@@ -190,6 +190,13 @@ def FlashOptFastArithmetic : Pass<"flashopt-fast-arithmetic", "::mlir::ModuleOp"
     once (at most 1.5 ulp off, docs/NUMERICS.md §7), identically on every
     back end. Per-element divisions and square roots stay IEEE.
 
+    After the first contraction below, a softsign decode quotient
+    `q / (C - |q|)` (an 8-bit code, C a constant in [129, 1024]) and the
+    next per-element division `x / d` whose divisor does not depend on it
+    share one reciprocal: `r = 1 / (d0 * d)`, `q * (d * r)`, `x * (d0 * r)`
+    (one division instead of two; docs/NUMERICS.md §7, 1a, gives the range
+    where this matches the two quotients within a few ulp).
+
     Then three contractions, in this order, on per-element values (u, u1,
     u2 uniform): `sqrt(x * u)` becomes `sqrt(x) * sqrt(u)` where the body
     also takes `sqrt(x)`; `(x * u1) * u2` becomes `x * (u1 * u2)` when the
