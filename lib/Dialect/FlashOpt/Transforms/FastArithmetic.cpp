@@ -234,8 +234,9 @@ void fuseSoftsign(GroupBodyOp body, Uniformity &uniformity) {
 }
 
 /// A softsign decode quotient `q / (C - |q|)` after fuseSoftsign: q an
-/// 8-bit code converted to f32, C = 2N a constant in [129, 1024], so the
-/// divisor is an exact integer in [C - 128, C]: never 0, never far from 1.
+/// 8-bit code converted to f32 (|q| <= 128 signed, <= 255 unsigned) and C =
+/// 2N a constant in (max |q|, 1024], so the divisor is an exact integer in
+/// [1, 1024]: never 0, never far from 1.
 bool isDecodeQuotient(arith::DivFOp d) {
   auto sub = d.getRhs().getDefiningOp<arith::SubFOp>();
   if (!sub)
@@ -243,13 +244,14 @@ bool isDecodeQuotient(arith::DivFOp d) {
   auto abs = sub.getRhs().getDefiningOp<math::AbsFOp>();
   APFloat c(0.0f);
   if (!abs || abs.getOperand() != d.getLhs() ||
-      !matchPattern(sub.getLhs(), m_ConstantFloat(&c)) ||
-      c.convertToDouble() < 129.0 || c.convertToDouble() > 1024.0)
+      !matchPattern(sub.getLhs(), m_ConstantFloat(&c)))
     return false;
   Operation *conv = d.getLhs().getDefiningOp();
-  if (!conv || !isa<arith::SIToFPOp, arith::UIToFPOp>(conv))
+  if (!conv || !isa<arith::SIToFPOp, arith::UIToFPOp>(conv) ||
+      !conv->getOperand(0).getType().isInteger(8))
     return false;
-  return conv->getOperand(0).getType().isInteger(8);
+  double maxCode = isa<arith::SIToFPOp>(conv) ? 128.0 : 255.0;
+  return c.convertToDouble() > maxCode && c.convertToDouble() <= 1024.0;
 }
 
 /// Every operation of the body that depends on `root`'s result.

@@ -400,3 +400,30 @@ flashopt.kernel @nopair group_size(32) buffers([#flashopt.buffer<"x", f32, eleme
     flashopt.store_element 0, %u : f32
   }
 }
+
+// -----
+
+// An unsigned code up to 255 against 2N = 254: the divisor can be 0 or
+// negative, so the decode is not paired.
+// CHECK-LABEL: flashopt.kernel @nopair_unsigned
+// CHECK: %[[Q:.*]] = arith.uitofp
+// CHECK: arith.divf %[[Q]], %{{.*}} : f32
+// CHECK: arith.divf %{{.*}}, %{{.*}} : f32
+// CHECK: flashopt.store_element 0
+flashopt.kernel @nopair_unsigned group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"v.codes", ui8, element, read>, #flashopt.buffer<"d", f32, element, read>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+  flashopt.group_body {
+    %x = flashopt.load_element 0 : f32
+    %code = flashopt.load_element 1 : i8
+    %qf = arith.uitofp %code : i8 to f32
+    %n127 = arith.constant 1.270000e+02 : f32
+    %t = arith.divf %qf, %n127 : f32
+    %at = math.absf %t : f32
+    %two = arith.constant 2.000000e+00 : f32
+    %den = arith.subf %two, %at : f32
+    %dec = arith.divf %t, %den : f32
+    %num = arith.mulf %dec, %x : f32
+    %d = flashopt.load_element 2 : f32
+    %u = arith.divf %num, %d : f32
+    flashopt.store_element 0, %u : f32
+  }
+}
