@@ -1,5 +1,4 @@
-//===- FastArithmeticTest.cpp - The fast mode's error bounds
-//-----------------===//
+//===- FastArithmeticTest.cpp - The fast mode's error bounds --------------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- FlashOptToCPU.cpp - flashopt-to-cpu
-//---------------------------------===//
+//===- FlashOptToCPU.cpp - flashopt-to-cpu ---------------------------------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- FlashOptToGPU.cpp - flashopt-to-gpu
-//---------------------------------===//
+//===- FlashOptToGPU.cpp - flashopt-to-gpu --------------------------------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- GroupBodyLowering.cpp - Shared lowering of group bodies
-//-------------===//
+//===- GroupBodyLowering.cpp - Shared lowering of group bodies -------------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- Pipelines.cpp - flashopt's named pass pipelines
-//---------------------===//
+//===- Pipelines.cpp - flashopt's named pass pipelines ---------------------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- FastArithmetic.cpp - flashopt-fast-arithmetic
-//-----------------------===//
+//===- FastArithmetic.cpp - flashopt-fast-arithmetic ----------------------===//
 //
 // Part of flashopt.
 //
