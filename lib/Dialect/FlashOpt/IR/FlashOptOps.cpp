@@ -344,6 +344,11 @@ LogicalResult GuardedOp::verify() {
 // KernelOp
 //===----------------------------------------------------------------------===//
 
+bool mlir::flashopt::isConstantFloat(Value v, double c) {
+  APFloat f(0.0f);
+  return matchPattern(v, m_ConstantFloat(&f)) && f.convertToDouble() == c;
+}
+
 GroupMaxOp mlir::flashopt::getGroupAbsmaxOf(Value a, Value y) {
   if (auto mx = a.getDefiningOp<arith::MaximumFOp>()) {
     for (int i = 0; i < 2; ++i) {

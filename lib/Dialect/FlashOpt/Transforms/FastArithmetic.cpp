@@ -124,19 +124,14 @@ OpBuilder builderAfterBoth(GroupBodyOp body, Value a, Value b) {
   return b2;
 }
 
-bool isConstF(Value v, double c) {
-  APFloat f(0.0f);
-  return matchPattern(v, m_ConstantFloat(&f)) && f.convertToDouble() == c;
-}
-
 /// The operand of a commutative binary op `op` other than the constant
 /// `c`, or null.
 template <typename OpTy> Value otherThan(OpTy op, double c) {
   if (!op)
     return {};
-  if (isConstF(op.getLhs(), c))
+  if (isConstantFloat(op.getLhs(), c))
     return op.getRhs();
-  if (isConstF(op.getRhs(), c))
+  if (isConstantFloat(op.getRhs(), c))
     return op.getLhs();
   return {};
 }
@@ -181,9 +176,8 @@ void fuseSoftsign(GroupBodyOp body, Uniformity &uniformity) {
       Value half = arith::ConstantOp::create(ub, loc, ub.getF32FloatAttr(0.5f));
       Value h = arith::MulFOp::create(ub, loc, a, half);
       OpBuilder b(outer);
-      Value half2 = arith::ConstantOp::create(b, loc, b.getF32FloatAttr(0.5f));
       Value ay = math::AbsFOp::create(b, loc, y);
-      Value d = math::FmaOp::create(b, loc, ay, half2, h);
+      Value d = math::FmaOp::create(b, loc, ay, half, h);
       outer.replaceAllUsesWith(arith::DivFOp::create(b, loc, y, d).getResult());
       outer.erase();
       add1->erase();
@@ -196,7 +190,7 @@ void fuseSoftsign(GroupBodyOp body, Uniformity &uniformity) {
     }
     // Decode: outer = t / (2 - |t|), t = q / N.
     auto sub = outer.getRhs().getDefiningOp<arith::SubFOp>();
-    if (!sub || !isConstF(sub.getLhs(), 2.0))
+    if (!sub || !isConstantFloat(sub.getLhs(), 2.0))
       continue;
     auto absT = sub.getRhs().getDefiningOp<math::AbsFOp>();
     auto t = outer.getLhs().getDefiningOp<arith::DivFOp>();

@@ -58,7 +58,7 @@ using namespace mlir::flashopt;
 
 namespace {
 
-bool isConst(Value v, double c) {
+bool isConstantFloat(Value v, double c) {
   APFloat f(0.0f);
   return matchPattern(v, m_ConstantFloat(&f)) && f.convertToDouble() == c;
 }
@@ -84,7 +84,7 @@ std::optional<Site> match(Operation *conv) {
     return std::nullopt;
   bool isSigned = isa<arith::FPToSIOp>(conv);
   auto sel = conv->getOperand(0).getDefiningOp<arith::SelectOp>();
-  if (!sel || !isConst(sel.getTrueValue(), 0.0))
+  if (!sel || !isConstantFloat(sel.getTrueValue(), 0.0))
     return std::nullopt;
   auto floor = sel.getFalseValue().getDefiningOp<math::FloorOp>();
   auto isNan = sel.getCondition().getDefiningOp<arith::CmpFOp>();
@@ -96,14 +96,14 @@ std::optional<Site> match(Operation *conv) {
   SmallVector<Operation *> tail;
   Value t, nValue;
   if (auto fma = floor.getOperand().getDefiningOp<math::FmaOp>()) {
-    if (!isConst(fma.getC(), 0.5))
+    if (!isConstantFloat(fma.getC(), 0.5))
       return std::nullopt;
     t = fma.getA();
     nValue = fma.getB();
     tail = {fma};
   } else {
     auto half = floor.getOperand().getDefiningOp<arith::AddFOp>();
-    if (!half || !isConst(half.getRhs(), 0.5))
+    if (!half || !isConstantFloat(half.getRhs(), 0.5))
       return std::nullopt;
     auto scaled = half.getLhs().getDefiningOp<arith::MulFOp>();
     if (!scaled)
@@ -131,10 +131,10 @@ std::optional<Site> match(Operation *conv) {
       auto absY = den ? den.getA().getDefiningOp<math::AbsFOp>() : nullptr;
       auto h = den ? den.getC().getDefiningOp<arith::MulFOp>() : nullptr;
       if (!den || !absY || absY.getOperand() != y ||
-          !isConst(den.getB(), 0.5) || !h)
+          !isConstantFloat(den.getB(), 0.5) || !h)
         return std::nullopt;
-      Value a = isConst(h.getRhs(), 0.5)   ? h.getLhs()
-                : isConst(h.getLhs(), 0.5) ? h.getRhs()
+      Value a = isConstantFloat(h.getRhs(), 0.5)   ? h.getLhs()
+                : isConstantFloat(h.getLhs(), 0.5) ? h.getRhs()
                                            : Value();
       if (!a || !getGroupAbsmaxOf(a, y))
         return std::nullopt;
@@ -150,8 +150,8 @@ std::optional<Site> match(Operation *conv) {
     // t = divf(mulf(2, n), addf(1, absf(n)))
     auto two = soft.getLhs().getDefiningOp<arith::MulFOp>();
     auto den = soft.getRhs().getDefiningOp<arith::AddFOp>();
-    if (!two || !den || !isConst(two.getLhs(), 2.0) ||
-        !isConst(den.getLhs(), 1.0))
+    if (!two || !den || !isConstantFloat(two.getLhs(), 2.0) ||
+        !isConstantFloat(den.getLhs(), 1.0))
       return std::nullopt;
     auto abs = den.getRhs().getDefiningOp<math::AbsFOp>();
     if (!abs || abs.getOperand() != two.getRhs())

@@ -46,6 +46,9 @@ GroupBodyOp getGroupBody(KernelOp kernel);
 /// otherwise null.
 GroupMaxOp getGroupAbsmaxOf(Value a, Value y);
 
+/// Whether `v` is a float constant equal to `c`.
+bool isConstantFloat(Value v, double c);
+
 } // namespace mlir::flashopt
 
 #endif // FLASHOPT_DIALECT_FLASHOPT_IR_FLASHOPTOPS_H
