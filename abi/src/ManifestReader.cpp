@@ -198,6 +198,15 @@ Manifest Parser::parse(const json &root) {
       fail("arithmetic", "expected \"exact\" or \"fast\", got " +
                              quote(m.arithmetic));
   }
+  // The state numerics: "bounded" or "flashoptim" (absent: an older
+  // manifest, FlashOptim's numerics).
+  m.numerics = "flashoptim";
+  if (root.contains("numerics")) {
+    m.numerics = string(root, "", "numerics");
+    if (m.numerics != "bounded" && m.numerics != "flashoptim")
+      fail("numerics", "expected \"bounded\" or \"flashoptim\", got " +
+                           quote(m.numerics));
+  }
   // The gradient accumulator (optional): f32, bf16 + i8 or bf16.
   if (root.contains("accumulator")) {
     const json &acc = object(root, "", "accumulator");

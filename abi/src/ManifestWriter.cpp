@@ -42,6 +42,7 @@ std::string write_manifest(const Manifest &m) {
                                            : "none"}};
   if (m.arithmetic != "exact")
     j["arithmetic"] = m.arithmetic;
+  j["numerics"] = m.numerics;
   ordered_json hypers = ordered_json::array();
   for (const HyperSpec &h : m.hypers) {
     ordered_json e;

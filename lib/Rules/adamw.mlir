@@ -17,6 +17,29 @@ flashopt.optimizer @adamw param(#flashopt.master<bf16, correction = i8>) grad(bf
   %p2 = flashopt.powi %beta2, %step : f32, i64
   %bc1 = arith.subf %one, %p1 : f32
   %bc2 = arith.subf %one, %p2 : f32
+  // The bound of the bounded numerics (docs/NUMERICS.md §8): exact Adam
+  // has |m| <= K * sqrt(v), K^2 = (1 - beta1)^2 * S / (1 - beta2),
+  // S = sum_{j<t} (beta1^2 / beta2)^j, so |update| <= lr * K * sqrt(bc2) /
+  // bc1; 1 + 2^-8 keeps rounding from ever touching an exact step.
+  %b1sq = arith.mulf %beta1, %beta1 : f32
+  %r = arith.divf %b1sq, %beta2 : f32
+  %pr = flashopt.powi %r, %step : f32, i64
+  %num_s = arith.subf %one, %pr : f32
+  %den_s = arith.subf %one, %r : f32
+  %s_geo = arith.divf %num_s, %den_s : f32
+  %t_f = arith.sitofp %step : i64 to f32
+  %r_is_one = arith.cmpf oeq, %r, %one : f32
+  %s_sum = arith.select %r_is_one, %t_f, %s_geo : f32
+  %omb1_sq = arith.mulf %omb1, %omb1 : f32
+  %k2_num = arith.mulf %omb1_sq, %s_sum : f32
+  %k2 = arith.divf %k2_num, %omb2 : f32
+  %k2_bc = arith.mulf %k2, %bc2 : f32
+  %k_bc = math.sqrt %k2_bc : f32
+  %k_t = arith.divf %k_bc, %bc1 : f32
+  %margin = arith.constant 1.00390625 : f32
+  %lr_abs = math.absf %lr : f32
+  %lr_m = arith.mulf %lr_abs, %margin : f32
+  %max_upd = arith.mulf %lr_m, %k_t : f32
   // w = decouple_lr ? weight_decay * (lr / initial_lr) : weight_decay * lr
   %ratio = arith.divf %lr, %initial_lr : f32
   %w_rel = arith.mulf %weight_decay, %ratio : f32
@@ -40,7 +63,8 @@ flashopt.optimizer @adamw param(#flashopt.master<bf16, correction = i8>) grad(bf
     %num = arith.mulf %lr, %mh : f32
     %sq = math.sqrt %vh : f32
     %den = arith.addf %sq, %eps : f32
-    %upd = arith.divf %num, %den : f32
+    %upd0 = arith.divf %num, %den : f32
+    %upd = flashopt.bound %upd0, %max_upd : f32
     %theta_new = arith.subf %theta_d, %upd : f32
     flashopt.yield %theta_new, %m_new, %v_new : f32, f32, f32
   }

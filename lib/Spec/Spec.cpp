@@ -113,6 +113,10 @@ const char *spelling(Arithmetic v) noexcept {
   return v == Arithmetic::Fast ? "fast" : "exact";
 }
 
+const char *spelling(NumericsMode v) noexcept {
+  return v == NumericsMode::FlashOptim ? "flashoptim" : "bounded";
+}
+
 const char *spelling(Accumulator v) noexcept {
   switch (v) {
   case Accumulator::None:

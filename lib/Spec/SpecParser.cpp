@@ -143,6 +143,7 @@ std::optional<Spec> SpecParser::run(std::vector<Diagnostic> &out) {
     checkGrad(doc);
     checkAccumulator(doc);
     checkArithmetic(doc);
+    checkNumerics(doc);
     checkGroupSize(doc);
     checkStates(doc);
     checkGroupConsistency();
@@ -363,6 +364,20 @@ void SpecParser::checkArithmetic(const json &doc) {
     return;
   spec.arithmetic = {*s == "fast" ? Arithmetic::Fast : Arithmetic::Exact, true,
                      valueLoc("/arithmetic")};
+}
+
+void SpecParser::checkNumerics(const json &doc) {
+  auto it = doc.find("numerics");
+  if (it == doc.end()) {
+    setDefault(spec.numerics, NumericsMode::Bounded, "", "numerics");
+    return;
+  }
+  auto s = oneOf(*it, "/numerics", kNumerics);
+  if (!s)
+    return;
+  spec.numerics = {*s == "flashoptim" ? NumericsMode::FlashOptim
+                                      : NumericsMode::Bounded,
+                   true, valueLoc("/numerics")};
 }
 
 void SpecParser::checkGroupSize(const json &doc) {

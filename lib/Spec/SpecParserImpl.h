@@ -46,8 +46,10 @@ constexpr std::size_t kMaxRuleBytes = 64u << 20;
 inline const std::vector<std::string> kTopKeys = {"name",   "rule",  "description",
                                            "param",  "grad",  "group_size",
                                            "states", "hyper", "targets",
-                                           "accumulator", "arithmetic"};
+                                           "accumulator", "arithmetic",
+                                           "numerics"};
 inline const std::vector<std::string> kArithmetics = {"exact", "fast"};
+inline const std::vector<std::string> kNumerics = {"bounded", "flashoptim"};
 inline const std::vector<std::string> kAccumulators = {"none", "f32", "bf16+i8",
                                                 "bf16"};
 inline const std::vector<std::string> kParamKeys = {"dtype", "correction"};
@@ -247,6 +249,7 @@ private:
   void checkGrad(const json &doc);
   void checkAccumulator(const json &doc);
   void checkArithmetic(const json &doc);
+  void checkNumerics(const json &doc);
   void checkGroupSize(const json &doc);
   void checkStates(const json &doc);
   void checkEncoding(const json &enc, const std::string &ptr, StateSpec &state);

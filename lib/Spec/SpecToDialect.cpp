@@ -136,6 +136,10 @@ void applySpec(const spec::Spec &s, OptimizerOp op, Reporter &rep) {
   // The portable fast mode (flashopt-fast-arithmetic, docs/NUMERICS.md §7).
   if (s.arithmetic.value == spec::Arithmetic::Fast)
     op->setAttr("flashopt.arithmetic", StringAttr::get(ctx, "fast"));
+  // The state numerics (docs/NUMERICS.md §8), always written: the rule text
+  // alone means the bounded numerics too.
+  op->setAttr(kNumericsAttr,
+              StringAttr::get(ctx, spec::spelling(s.numerics.value)));
   switch (s.accumulator.value) {
   case spec::Accumulator::None:
     break;

@@ -52,6 +52,9 @@ struct Config {
   int group_size = 32;
   /// The portable fast mode (docs/NUMERICS.md §7): "arithmetic": "fast".
   bool fast = false;
+  /// The bounded numerics (docs/NUMERICS.md §8, the default): dithered state
+  /// codes and Adam's update bound; false: FlashOptim's numerics.
+  bool bounded = true;
 };
 
 //===----------------------------------------------------------------------===//
@@ -341,9 +344,21 @@ inline Lazy dequantizeLazy(int32_t code, uint32_t scaleBits,
   return Lazy{q, r * sc, true, true};
 }
 
-/// Quantizes the first `n` values of a group; returns the scale bits.
+/// The bounded numerics' rounding offset of element `i` of a tensor at step
+/// `t` (docs/NUMERICS.md §8): u = h / 2^14, h = (i * 12367 + t * 10125) mod
+/// 2^14, i and t taken modulo 2^32 first.
+inline float dither(int64_t i, int64_t t) {
+  uint32_t h = (uint32_t(uint64_t(i)) * 12367u + uint32_t(uint64_t(t)) * 10125u) &
+               0x3FFFu;
+  return float(h) / 16384.0f;
+}
+
+/// Quantizes the first `n` values of a group; returns the scale bits. With
+/// `dithers` (the bounded numerics), element i's code rounds with
+/// dithers[i] in place of 1/2.
 inline uint32_t quantize_group(const float *x, int n, const QuantEncoding &enc,
-                               int32_t *codes, bool fast = false) {
+                               int32_t *codes, bool fast = false,
+                               const float *dithers = nullptr) {
   float nmax = enc.isSigned ? 127.0f : 255.0f;
   std::vector<float> y(n);
   float a = -INFINITY;
@@ -363,19 +378,26 @@ inline uint32_t quantize_group(const float *x, int n, const QuantEncoding &enc,
       float den = 1.0f + std::fabs(nn);
       t = two_n / den;
     }
+    float u = dithers ? dithers[i] : 0.5f;
     float f;
     if (!fast)
-      f = std::floor(t * nmax + 0.5f);
+      f = std::floor(t * nmax + u);
     else if (enc.compand == Compand::Softsign)
-      f = std::floor(std::fma(t, nmax, 0.5f));
-    else // (y * r) * nmax folded: y * (r * nmax), fused with + 0.5
-      f = std::floor(std::fma(y[i], (1.0f / a) * nmax, 0.5f));
+      f = std::floor(std::fma(t, nmax, u));
+    else // (y * r) * nmax folded: y * (r * nmax), fused with + u
+      f = std::floor(std::fma(y[i], (1.0f / a) * nmax, u));
     float q;
     if (std::isnan(f))
       q = 0.0f;
     else
       q = minimumf(maximumf(f, enc.isSigned ? -nmax : 0.0f), nmax);
     codes[i] = int32_t(q);
+  }
+  // The bounded numerics saturate a finite absmax at the scale type's
+  // largest finite value (docs/NUMERICS.md §8).
+  if (dithers && enc.scale != DType::F32 && !std::isinf(a)) {
+    float maxFinite = enc.scale == DType::F16 ? 65504.0f : 0x1.FEp127f;
+    a = minimumf(a, maxFinite);
   }
   return scaleFromF32(enc.scale, a);
 }
@@ -474,11 +496,14 @@ struct Rule {
   std::map<std::string, float> h;
   int64_t t = 1;
   float omb1 = 0, omb2 = 0, bc1 = 0, bc2 = 0, dec = 1, omd = 0;
-  bool fast = false;
+  /// Adam's largest update in the bounded numerics (docs/NUMERICS.md §8).
+  float maxUpd = 0;
+  bool fast = false, bounded = true;
 
   Rule(const std::string &rule, const std::map<std::string, float> &hypers,
-       int64_t step, bool fastArithmetic = false)
-      : name(rule), h(default_hypers(rule)), t(step), fast(fastArithmetic) {
+       int64_t step, bool fastArithmetic = false, bool boundedNumerics = true)
+      : name(rule), h(default_hypers(rule)), t(step), fast(fastArithmetic),
+        bounded(boundedNumerics) {
     h["grad_scale"] = 1.0f; // every kernel's last hyper-parameter
     for (auto &kv : hypers)
       if (h.count(kv.first))
@@ -488,6 +513,14 @@ struct Rule {
       omb2 = 1.0f - h["beta2"];
       bc1 = 1.0f - powi(h["beta1"], t);
       bc2 = 1.0f - powi(h["beta2"], t);
+      // |m| <= K sqrt(v), K^2 = (1 - beta1)^2 S / (1 - beta2), S = sum_{j<t}
+      // r^j, r = beta1^2 / beta2: |update| <= lr K sqrt(bc2) / bc1.
+      float r = (h["beta1"] * h["beta1"]) / h["beta2"];
+      float sGeo = (1.0f - powi(r, t)) / (1.0f - r);
+      float s = r == 1.0f ? float(t) : sGeo;
+      float k2 = ((omb1 * omb1) * s) / omb2;
+      float kt = std::sqrt(k2 * bc2) / bc1;
+      maxUpd = (std::fabs(h["lr"]) * 1.00390625f) * kt;
     }
     if (name == "lion") {
       omb1 = 1.0f - h["beta1"];
@@ -549,8 +582,12 @@ struct Rule {
         num = A.mulU(A.mulU(plainL(m), 1.0f / bc1), H("lr")).value();
       else
         num = H("lr") * (m / bc1);
-      // Paired, the update is a product: Adam's theta - upd fuses it.
+      // Paired, the update is a product: Adam's theta - upd fuses it
+      // (FlashOptim numerics; bounded, the bound takes the product).
       Lazy upd = paired ? A.mul(num, toNum) : plainL(num / den);
+      if (bounded)
+        upd = plainL(
+            minimumf(maximumf(upd.value(), -maxUpd), maxUpd));
       Lazy th = name == "adamw" ? A.mulU(plainL(theta), dec) : plainL(theta);
       theta = A.sub(th, upd);
     } else if (name == "sgd" || name == "sgdw") {
@@ -598,8 +635,9 @@ inline int dtypeBytes(DType t) {
 inline void reference_step(const Config &cfg,
                            const std::map<std::string, float> &hypers,
                            int64_t t, int64_t numel,
-                           const std::vector<void *> &buffers) {
-  Rule rule(cfg.rule, hypers, t, cfg.fast);
+                           const std::vector<void *> &buffers,
+                           int64_t elementOffset = 0) {
+  Rule rule(cfg.rule, hypers, t, cfg.fast, cfg.bounded);
   size_t bi = 0;
   void *param = buffers[bi++];
   void *corr = cfg.correction != DType::None ? buffers[bi++] : nullptr;
@@ -677,8 +715,12 @@ inline void reference_step(const Config &cfg,
       const StateEncoding &enc = cfg.states[k];
       if (enc.quantized) {
         std::vector<int32_t> codes(n);
-        uint32_t scale = quantize_group(statesNew[k].data(), n, enc.q,
-                                        codes.data(), cfg.fast);
+        std::vector<float> dithers(n);
+        for (int i = 0; i < n; ++i)
+          dithers[i] = dither(elementOffset + g0 + i, t);
+        uint32_t scale =
+            quantize_group(statesNew[k].data(), n, enc.q, codes.data(),
+                           cfg.fast, cfg.bounded ? dithers.data() : nullptr);
         if (enc.q.scale == DType::F32)
           static_cast<float *>(sb[k].b)[gi] = floatOf(canonicalF32(scale));
         else

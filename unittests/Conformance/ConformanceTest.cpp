@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt_reference.h"
+#include "flashopt/host/CpuBundle.h"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -100,6 +101,7 @@ ref::Config configOf(const json &m) {
   c.grad = dtypeOf(m["grad"]);
   c.group_size = m["group_size"].get<int>();
   c.fast = m.value("arithmetic", std::string("exact")) == "fast";
+  c.bounded = m.value("numerics", std::string("flashoptim")) == "bounded";
   for (const json &s : m["states"]) {
     const json &e = s["encoding"];
     ref::StateEncoding se{};
@@ -258,13 +260,22 @@ struct Tensor {
   std::vector<std::vector<uint8_t>> buffers; // in manifest order
 };
 
+/// The element offset (table word 3) of tensor `ti`: 0 for the first,
+/// then offsets that cross 2^32 (the dither takes the index modulo 2^32).
+int64_t elementOffsetOf(size_t ti) {
+  static const int64_t offsets[] = {0, 1000003, (int64_t(1) << 32) - 17,
+                                    (int64_t(5) << 32) + 12345, 7};
+  return offsets[ti % 5];
+}
+
 /// Runs `steps` steps of the kernel on `tensors` (one table, split into
 /// `chunks` calls over the group range) and of the reference on a copy;
-/// checks bit-identity after every step.
+/// checks bit-identity after every step. Steps count from `firstStep`.
 void checkSpec(const fs::path &bundle, const json &manifest,
                const json &kernelEntry, const std::vector<int64_t> &sizes,
                const std::map<std::string, float> &hypers, uint32_t seed,
-               int steps, int chunks, bool nonFinite = false) {
+               int steps, int chunks, bool nonFinite = false,
+               int64_t firstStep = 1) {
   std::string file = (bundle / kernelEntry["file"].get<std::string>()).string();
   void *lib = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   REQUIRE_MESSAGE(lib != nullptr, "dlopen " << file << ": " << dlerror());
@@ -332,28 +343,31 @@ void checkSpec(const fs::path &bundle, const json &manifest,
   int64_t recordWords = 4 + int64_t(bufs.size());
   std::vector<int64_t> table;
   int64_t totalGroups = 0;
-  for (Tensor &t : kernelSide) {
+  for (size_t ti = 0; ti < kernelSide.size(); ++ti) {
+    Tensor &t = kernelSide[ti];
     table.push_back(t.numel);
     table.push_back(totalGroups);
     table.push_back(0);
-    table.push_back(0);
+    table.push_back(elementOffsetOf(ti));
     for (auto &b : t.buffers)
       table.push_back(reinterpret_cast<int64_t>(b.data()));
     totalGroups += (t.numel + groupSize - 1) / groupSize;
   }
   REQUIRE(int64_t(table.size()) == recordWords * int64_t(kernelSide.size()));
 
-  for (int step = 1; step <= steps; ++step) {
+  for (int64_t step = firstStep; step < firstStep + steps; ++step) {
     for (int c = 0; c < chunks; ++c) {
       int64_t lo = totalGroups * c / chunks, hi = totalGroups * (c + 1) / chunks;
       fn(table.data(), int64_t(kernelSide.size()), hyperTable.data(), step, lo,
          hi);
     }
-    for (Tensor &t : refSide) {
+    for (size_t ti = 0; ti < refSide.size(); ++ti) {
+      Tensor &t = refSide[ti];
       std::vector<void *> ptrs;
       for (auto &b : t.buffers)
         ptrs.push_back(b.data());
-      ref::reference_step(config, full, step, t.numel, ptrs);
+      ref::reference_step(config, full, step, t.numel, ptrs,
+                          elementOffsetOf(ti));
     }
     for (size_t ti = 0; ti < kernelSide.size(); ++ti) {
       int64_t n = kernelSide[ti].numel;
@@ -382,19 +396,13 @@ void checkSpec(const fs::path &bundle, const json &manifest,
   dlclose(lib);
 }
 
+/// Whether this host can run a kernel needing `features`: the runtime's own
+/// detection (every feature of abi/CpuFeatures.def, AVX-512 included), so a
+/// flavour the host cannot run is skipped rather than run into SIGILL.
 bool cpuSupports(const json &features) {
-  __builtin_cpu_init();
-  for (const json &f : features) {
-    std::string s = f;
-    if (s == "avx2" && !__builtin_cpu_supports("avx2"))
+  for (const json &f : features)
+    if (!flashopt::host::host_supports_feature(f.get<std::string>()))
       return false;
-    if (s == "fma" && !__builtin_cpu_supports("fma"))
-      return false;
-    if (s == "f16c" && !__builtin_cpu_supports("f16c"))
-      return false;
-    if (s == "bmi2" && !__builtin_cpu_supports("bmi2"))
-      return false;
-  }
   return true;
 }
 
@@ -450,7 +458,8 @@ TEST_CASE("CPU kernels match the scalar reference bit for bit") {
                   .c_str()) {
         for (int v = 0; v < 2; ++v)
           checkSpec(b, m, k, sizes, hyperVariant(rule, v), 1234u + v,
-                    /*steps=*/5, /*chunks=*/v == 0 ? 1 : 7);
+                    /*steps=*/5, /*chunks=*/v == 0 ? 1 : 7, false,
+                    /*firstStep=*/v == 0 ? 1 : (int64_t(1) << 32) - 2);
         // NaN/Inf gradients in every tensor.
         checkSpec(b, m, k, sizes, hyperVariant(rule, 0), 99u, /*steps=*/3,
                   /*chunks=*/3, /*nonFinite=*/true);

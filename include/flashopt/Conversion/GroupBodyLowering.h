@@ -29,8 +29,8 @@
 namespace mlir::flashopt {
 
 /// i64 words of a tensor-table record before the buffer addresses: numel,
-/// first global group, hyper slot, reserved (docs/KERNEL-ABI.md; the one
-/// definition is the ABI library's).
+/// first global group, hyper slot, element offset (docs/KERNEL-ABI.md; the
+/// one definition is the ABI library's).
 constexpr int64_t kTableHeaderWords = ::flashopt::abi::kTableHeaderWords;
 
 /// How a worker's accesses are predicated.
@@ -51,6 +51,10 @@ struct GroupBodyEnv {
   int64_t width = 0;
   /// Index of the worker's first element in the tensor (index type).
   Value elementIndex;
+  /// The record's element offset in its tensor (i64, the record word
+  /// kRecordElementOffset), or null for 0: flashopt.dither's index is
+  /// this plus `elementIndex` plus the lane.
+  Value elementOffset;
   /// Tensor-local group index (index type).
   Value groupIndex;
   /// Number of elements of the tensor (index type).
@@ -103,6 +107,10 @@ LogicalResult emitGroupBodies(OpBuilder &b, KernelOp kernel,
                               ArrayRef<GroupBodyEnv> envs,
                               const IRMapping &mapping,
                               int64_t reduceLanes = 0);
+
+/// Whether the group body of `kernel` reads the record's element offset
+/// (it has a `flashopt.dither`): then GroupBodyEnv::elementOffset is needed.
+bool usesElementOffset(KernelOp kernel);
 
 /// Emits `flashopt.raw_load` of an i64 at `base[index]` (index type).
 Value loadI64(OpBuilder &b, Location loc, Value base, Value index);

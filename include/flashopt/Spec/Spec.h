@@ -97,6 +97,14 @@ enum class Arithmetic { Exact, Fast };
 /// The spelling used in spec files ("exact", "fast").
 const char *spelling(Arithmetic v) noexcept;
 
+/// The state numerics (docs/SPEC.md "numerics", docs/NUMERICS.md §8): the
+/// bounded numerics (the default: dithered state codes, Adam's moment
+/// bound) or FlashOptim's, bit-identical to its kernels.
+enum class NumericsMode { Bounded, FlashOptim };
+
+/// The spelling used in spec files ("bounded", "flashoptim").
+const char *spelling(NumericsMode v) noexcept;
+
 /// How a state is stored: quantized codes (I8, UI8), plain floats (F32, BF16,
 /// F16), or not at all (None: the state is elided).
 enum class Storage { I8, UI8, F32, BF16, F16, None };
@@ -273,6 +281,8 @@ struct Spec {
   Located<Accumulator> accumulator;
   /// "arithmetic" (Exact when not given).
   Located<Arithmetic> arithmetic;
+  /// "numerics" (Bounded when not given).
+  Located<NumericsMode> numerics;
 
   /// The group size of every quantized state. `given` and `loc` describe
   /// "group_size". When "group_size" is not written, the first "group" a

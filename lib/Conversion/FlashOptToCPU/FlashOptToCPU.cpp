@@ -104,6 +104,8 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t interleave,
     };
     Value numelIdx = arith::IndexCastOp::create(ib, loc, idx, numel);
     env.numElements = numelIdx;
+    if (usesElementOffset(kernel))
+      env.elementOffset = word(ib, ::flashopt::abi::kRecordElementOffset);
 
     Value loLocal = arith::SubIOp::create(ib, loc, lo, first);
     Value hiLocal = arith::SubIOp::create(ib, loc, hi, first);

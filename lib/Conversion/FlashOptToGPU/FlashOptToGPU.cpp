@@ -344,6 +344,12 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
     return loadI64(ob, l, table, w);
   };
   env.numElements = numel;
+  if (usesElementOffset(kernel))
+    env.elementOffset = loadI64(
+        lb, loc, table,
+        arith::AddIOp::create(
+            lb, loc, rec,
+            cIdx(lb, ::flashopt::abi::kRecordElementOffset)));
   env.groupIndex = arith::SubIOp::create(lb, loc, gc, first);
   env.elementIndex = arith::AddIOp::create(
       lb, loc,

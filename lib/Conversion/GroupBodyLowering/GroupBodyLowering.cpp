@@ -175,7 +175,8 @@ private:
   bool isUniformOp(Operation *op) {
     if (isa<LoadGroupOp, StoreGroupOp>(op))
       return true;
-    if (isa<LoadElementOp, StoreElementOp, GroupMaxOp, GuardedOp>(op))
+    if (isa<LoadElementOp, StoreElementOp, GroupMaxOp, GuardedOp, DitherOp>(
+            op))
       return false;
     return llvm::none_of(op->getResults(),
                          [&](Value r) { return varying.count(r); });
@@ -203,7 +204,7 @@ private:
             phaseOf(gmax.getValue()) + (varying.count(gmax.getValue()) ? 1 : 0);
       phases[&op] = phase;
       maxPhase = std::max(maxPhase, phase);
-      bool isVarying = isa<LoadElementOp>(op) || usesVarying ||
+      bool isVarying = isa<LoadElementOp, DitherOp>(op) || usesVarying ||
                        (!isa<GroupMaxOp, LoadGroupOp>(op) &&
                         llvm::any_of(op.getOperands(), [&](Value v) {
                           return varying.count(v);
@@ -525,10 +526,58 @@ private:
       vectors[orig] = res;
   }
 
+  /// The dither of each of the worker's elements (docs/NUMERICS.md §8):
+  /// h = i * A + t * B in 32-bit arithmetic, i the element's index in its
+  /// tensor (the record's element offset plus the index in the record), as
+  /// one scalar per worker plus a constant vector of lane * A; then the f32
+  /// with bits (h >> 9) + 0x3F800000 (A and B are multiples of 2^18, so
+  /// the add is an or), minus the offset.
+  void emitDither(DitherOp op) {
+    Location loc = op.getLoc();
+    Type i32 = b.getI32Type();
+    auto c32 = [&](uint32_t v) {
+      return arith::ConstantOp::create(b, loc, b.getI32IntegerAttr(int32_t(v)))
+          .getResult();
+    };
+    Value first =
+        arith::IndexCastUIOp::create(b, loc, i32, env.elementIndex);
+    if (env.elementOffset)
+      first = arith::AddIOp::create(
+          b, loc, first,
+          arith::TruncIOp::create(b, loc, i32, env.elementOffset));
+    Value step = arith::TruncIOp::create(b, loc, i32, scalarOf(op.getStep()));
+    Value h0 = arith::AddIOp::create(
+        b, loc,
+        arith::MulIOp::create(b, loc, first,
+                              c32(DitherOp::kElementMultiplier)),
+        arith::MulIOp::create(b, loc, step, c32(DitherOp::kStepMultiplier)));
+    SmallVector<int32_t> laneTerms;
+    for (int64_t lane = 0; lane < env.width; ++lane)
+      laneTerms.push_back(
+          int32_t(uint32_t(lane) * DitherOp::kElementMultiplier));
+    Value h = arith::AddIOp::create(
+        b, loc, vector::BroadcastOp::create(b, loc, vecOf(i32), h0),
+        arith::ConstantOp::create(
+            b, loc, DenseElementsAttr::get(vecOf(i32), ArrayRef(laneTerms))));
+    auto splat = [&](Attribute a, Type t) {
+      return arith::ConstantOp::create(
+          b, loc, DenseElementsAttr::get(vecOf(t), a));
+    };
+    Value bits = arith::AddIOp::create(
+        b, loc,
+        arith::ShRUIOp::create(b, loc, h, splat(b.getI32IntegerAttr(9), i32)),
+        splat(b.getI32IntegerAttr(0x3F800000), i32));
+    Value w = arith::BitcastOp::create(b, loc, vecOf(b.getF32Type()), bits);
+    vectors[op.getResult()] = arith::SubFOp::create(
+        b, loc, w, splat(op.getOffsetAttr(), b.getF32Type()));
+  }
+
   void emitVarying(Operation &op) {
     Location loc = op.getLoc();
     if (auto guarded = dyn_cast<GuardedOp>(op))
       return emitGuarded(guarded);
+    if (auto dither = dyn_cast<DitherOp>(op))
+      return emitDither(dither);
     IRMapping m;
     for (Value operand : op.getOperands())
       m.map(operand, vectorOf(loc, operand));
@@ -672,4 +721,13 @@ LogicalResult mlir::flashopt::emitGroupBodies(OpBuilder &b, KernelOp kernel,
         e->emitMaxStep(op, p);
   }
   return success();
+}
+
+bool mlir::flashopt::usesElementOffset(KernelOp kernel) {
+  GroupBodyOp body = getGroupBody(kernel);
+  if (!body)
+    return false;
+  bool found = false;
+  body.walk([&](DitherOp) { found = true; });
+  return found;
 }

@@ -155,7 +155,7 @@ int64_t append_table_records(const Manifest &m, const TensorInfo &t,
     rec[abi::kRecordNumel] = r.numel;
     rec[abi::kRecordFirstGroup] = t.first_group + r.offset / G;
     rec[abi::kRecordHyperSlot] = t.param_group;
-    rec[abi::kRecordReserved] = 0;
+    rec[abi::kRecordElementOffset] = t.element_offset + r.offset;
     for (size_t b = 0; b < B; ++b) {
       const BufferSpec &spec = m.buffers[b];
       int64_t entries = spec.per == Per::Group ? r.offset / G : r.offset;

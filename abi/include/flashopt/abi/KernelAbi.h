@@ -35,8 +35,11 @@ inline constexpr int64_t kRecordNumel = 0;
 inline constexpr int64_t kRecordFirstGroup = 1;
 /// Record word 2: the hyper-parameter slot (param group).
 inline constexpr int64_t kRecordHyperSlot = 2;
-/// Record word 3: reserved, 0.
-inline constexpr int64_t kRecordReserved = 3;
+/// Record word 3: the element offset, the index of the record's first
+/// element in its tensor (a tensor split into several records, or a shard
+/// of a larger tensor); the bounded numerics' dither reads it
+/// (docs/NUMERICS.md §8).
+inline constexpr int64_t kRecordElementOffset = 3;
 
 /// Words of one record for a kernel with `num_buffers` buffers.
 constexpr int64_t record_words(int64_t num_buffers) {

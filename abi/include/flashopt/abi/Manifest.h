@@ -137,6 +137,10 @@ struct Manifest {
   /// "exact" (IEEE division and square root; the default, not written) or
   /// "fast" (docs/NUMERICS.md §7).
   std::string arithmetic = "exact";
+  /// The state numerics (docs/NUMERICS.md §8): "bounded" (dithered codes,
+  /// Adam's moment bound) or "flashoptim" (FlashOptim's bits). Manifests
+  /// written before the field existed were FlashOptim's.
+  std::string numerics = "bounded";
   std::vector<HyperSpec> hypers;
   std::vector<StateSpec> states;
   std::vector<BufferSpec> buffers; ///< ABI order

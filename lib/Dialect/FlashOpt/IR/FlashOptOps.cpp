@@ -76,7 +76,23 @@ UpdateOp mlir::flashopt::getUpdate(OptimizerOp optimizer) {
   return ops.empty() ? UpdateOp() : *ops.begin();
 }
 
+std::optional<Numerics> mlir::flashopt::getNumerics(Operation *op) {
+  Attribute a = op->getDiscardableAttr(kNumericsAttr);
+  if (!a)
+    return Numerics::Bounded;
+  auto s = dyn_cast<StringAttr>(a);
+  if (s && s.getValue() == "bounded")
+    return Numerics::Bounded;
+  if (s && s.getValue() == "flashoptim")
+    return Numerics::FlashOptim;
+  return std::nullopt;
+}
+
 LogicalResult OptimizerOp::verify() {
+  if (!getNumerics(*this))
+    return emitOpError() << "'" << kNumericsAttr
+                         << "' must be \"bounded\" or \"flashoptim\", got "
+                         << (*this)->getDiscardableAttr(kNumericsAttr);
   Type grad = getGrad();
   if (!isStorageFloatType(grad))
     return emitOpError() << "gradient type must be bf16, f16 or f32, got "
@@ -285,10 +301,12 @@ LogicalResult UpdateOp::verifyRegions() {
       return emitOpError() << "block argument #" << i << " must be f32, found "
                            << arg.getType();
   for (Operation &op : block.without_terminator()) {
+    if (isa<BoundOp>(op))
+      continue;
     if (!isScalarMathOp(&op))
       return op.emitOpError()
              << "is not allowed in an update rule (only scalar arith and math "
-                "operations)";
+                "operations and flashopt.bound)";
     if (failed(verifyScalarOperands(&op, &op, "an update rule")))
       return failure();
     if (op.getNumRegions() != 0)
@@ -553,6 +571,19 @@ LogicalResult RawLoadOp::verify() {
 LogicalResult RawStoreOp::verify() {
   return verifyRawAccess(*this, getValue().getType(), getMask(),
                          getAlignment());
+}
+
+//===----------------------------------------------------------------------===//
+// DitherOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult DitherOp::verify() {
+  float offset = getOffset().convertToFloat();
+  if (offset != 1.0f && offset != 1.5f)
+    return emitOpError() << "offset must be 1.0 (a dither in [0, 1)) or 1.5 "
+                            "(one in [-0.5, 0.5)), got "
+                         << offset;
+  return success();
 }
 
 LogicalResult TableLookupOp::verify() {

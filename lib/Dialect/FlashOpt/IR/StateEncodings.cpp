@@ -21,6 +21,8 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 
+#include <cmath>
+
 using namespace mlir;
 using namespace mlir::flashopt;
 
@@ -77,21 +79,41 @@ Value QuantAttr::emitDecode(OpBuilder &b, Location loc,
 
 /// Quantizes one element: returns {code as signless i8, the group's scale in
 /// the scale type}.
-SmallVector<Value> QuantAttr::emitEncode(OpBuilder &b, Location loc,
-                                         Value x) const {
+SmallVector<Value> QuantAttr::emitEncode(OpBuilder &b, Location loc, Value x,
+                                         Value dither) const {
   const CompanderInfo &compander = getCompanderInfo(getCompand());
   Value y = compander.compressValue ? compander.compressValue(b, loc, x) : x;
   Value absY = math::AbsFOp::create(b, loc, y);
   Value amax = GroupMaxOp::create(b, loc, absY);
   Value a = arith::MaximumFOp::create(b, loc, amax, f32Constant(b, loc, 1e-12));
-  Value scale = emitNarrowFromF32(b, loc, a, getScale());
+  // The bounded numerics store a finite absmax beyond the scale type's
+  // range as its largest finite value (FlashOptim's overflows to inf, and
+  // the group decodes as NaN and inf: a finite gradient spike would make
+  // its 31 neighbours NaN); +inf and NaN stay as they are (docs/NUMERICS.md
+  // §5, §8).
+  Value stored = a;
+  if (dither && !getScale().isF32()) {
+    auto ft = cast<FloatType>(getScale());
+    double maxFinite =
+        llvm::APFloat::getLargest(ft.getFloatSemantics()).convertToDouble();
+    Value isInf =
+        arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, a,
+                              f32Constant(b, loc, INFINITY));
+    Value sat =
+        arith::MinimumFOp::create(b, loc, a, f32Constant(b, loc, maxFinite));
+    stored = arith::SelectOp::create(b, loc, isInf, a, sat);
+  }
+  Value scale = emitNarrowFromF32(b, loc, stored, getScale());
   Value n = arith::DivFOp::create(b, loc, y, a);
   Value t = compander.compressNormalized
                 ? compander.compressNormalized(b, loc, n)
                 : n;
   double maxCode = getMaxCode();
   Value scaled = arith::MulFOp::create(b, loc, t, f32Constant(b, loc, maxCode));
-  Value half = arith::AddFOp::create(b, loc, scaled, f32Constant(b, loc, 0.5));
+  // + 1/2 rounds to nearest (FlashOptim); + the element's dither in [0, 1)
+  // rounds up with the probability of the fraction over time (§8).
+  Value offset = dither ? dither : f32Constant(b, loc, 0.5);
+  Value half = arith::AddFOp::create(b, loc, scaled, offset);
   // clamp(floor(h), lo, N) (docs/NUMERICS.md §2) without the clamps it never
   // needs: |y| <= a puts t in [-1, 1] (within a relative 2^-9 for any
   // division of y by a of that accuracy), so floor(t*N + 0.5) lies in
@@ -132,8 +154,8 @@ Value PlainAttr::emitDecode(OpBuilder &b, Location loc,
   return emitWidenToF32(b, loc, loaded[0]);
 }
 
-SmallVector<Value> PlainAttr::emitEncode(OpBuilder &b, Location loc,
-                                         Value x) const {
+SmallVector<Value> PlainAttr::emitEncode(OpBuilder &b, Location loc, Value x,
+                                         Value) const {
   return {emitNarrowFromF32(b, loc, x, getStorage())};
 }
 
@@ -154,7 +176,8 @@ Value ElidedAttr::emitDecode(OpBuilder &b, Location loc,
   return f32Constant(b, loc, 0.0);
 }
 
-SmallVector<Value> ElidedAttr::emitEncode(OpBuilder &, Location, Value) const {
+SmallVector<Value> ElidedAttr::emitEncode(OpBuilder &, Location, Value,
+                                          Value) const {
   return {};
 }
 

@@ -320,6 +320,11 @@ LogicalResult expandOptimizer(OptimizerOp op) {
              << a;
     op->removeDiscardableAttr(kKernelKindAttr);
   }
+  std::optional<Numerics> numericsOr = getNumerics(op);
+  if (!numericsOr)
+    return op.emitOpError() << "'" << kNumericsAttr
+                            << "' must be \"bounded\" or \"flashoptim\"";
+  Numerics numerics = *numericsOr;
   MasterAttr accumulator = op.getAccumulateAttr();
   if (kind != KernelKind::Step && !accumulator)
     return op.emitOpError()
@@ -482,8 +487,24 @@ LogicalResult expandOptimizer(OptimizerOp op) {
   for (auto [arg, value] :
        llvm::zip(rule.getArguments().drop_front(2), decodedStates))
     mapping.map(arg, value);
-  for (Operation &inner : rule.without_terminator())
-    gb.clone(inner, mapping);
+  // flashopt.bound: min(max(x, -limit), limit) in the bounded numerics, x
+  // in FlashOptim's (docs/NUMERICS.md §8).
+  for (Operation &inner : rule.without_terminator()) {
+    auto bound = dyn_cast<BoundOp>(inner);
+    if (!bound) {
+      gb.clone(inner, mapping);
+      continue;
+    }
+    Value x = mapping.lookupOrDefault(bound.getX());
+    if (numerics == Numerics::Bounded) {
+      Location l = bound.getLoc();
+      Value limit = mapping.lookupOrDefault(bound.getLimit());
+      Value low = arith::NegFOp::create(gb, l, limit);
+      x = arith::MinimumFOp::create(
+          gb, l, arith::MaximumFOp::create(gb, l, x, low), limit);
+    }
+    mapping.map(bound.getResult(), x);
+  }
   auto yield = cast<YieldOp>(rule.getTerminator());
   SmallVector<Value> results = llvm::map_to_vector(
       yield.getValues(), [&](Value v) { return mapping.lookupOrDefault(v); });
@@ -498,11 +519,30 @@ LogicalResult expandOptimizer(OptimizerOp op) {
     StoreElementOp::create(gb, loc, plan.param,
                            em.narrow(results[0], paramType));
   }
+  // The bounded numerics round every state code with the element's
+  // dither (one per element, shared by its states; docs/NUMERICS.md §8).
+  Value dither;
+  if (numerics == Numerics::Bounded &&
+      llvm::any_of(states, [](StateOp st) {
+        return isa<QuantAttr>(st.getEncoding());
+      })) {
+    Value step;
+    for (Operation &p : *kernelBlock)
+      if (auto sc = dyn_cast<StepCountOp>(p))
+        step = sc.getResult();
+    if (!step) {
+      OpBuilder sb = OpBuilder::atBlockBegin(kernelBlock);
+      step = StepCountOp::create(sb, loc, sb.getI64Type()).getResult();
+    }
+    dither = DitherOp::create(gb, loc, gb.getF32Type(), step,
+                              gb.getF32FloatAttr(1.0f))
+                 .getResult();
+  }
   // Per-group values are stored before per-element ones (the order the
   // kernel IR has always had).
   for (auto [i, state] : llvm::enumerate(states)) {
     SmallVector<Value> stored =
-        state.getEncoding().emitEncode(gb, loc, results[i + 1]);
+        state.getEncoding().emitEncode(gb, loc, results[i + 1], dither);
     ArrayRef<int64_t> buffers = plan.states[i];
     assert(stored.size() == buffers.size() &&
            "an encoding stores one value per buffer");

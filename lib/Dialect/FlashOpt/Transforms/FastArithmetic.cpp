@@ -77,7 +77,7 @@ public:
     bool uniform;
     if (isa<GroupMaxOp, LoadGroupOp>(def))
       uniform = true;
-    else if (isa<LoadElementOp>(def) || def->getNumRegions() != 0)
+    else if (isa<LoadElementOp, DitherOp>(def) || def->getNumRegions() != 0)
       uniform = false;
     else
       uniform = llvm::all_of(def->getOperands(),

@@ -72,13 +72,30 @@ struct Site {
                      // SoftsignFast: the quantized value itself)
   Value x;           // sqrt: the radicand
   Value a;           // maximumf(group_max(absf(y)), c0)
+  Value dither;      // the rounding offset u in [0, 1) of the bounded
+                     // numerics (a flashopt.dither), or null for 1/2
   GroupMaxOp absmax; // the group_max under a
   double n = 0;      // N
   SmallVector<Operation *> chain; // from the division (or sqrt) to conv
 };
 
+/// Whether `v` is a rounding offset: the constant 1/2 (round to nearest) or
+/// a flashopt.dither in [0, 1) (the bounded numerics); the dither or null.
+static bool isRoundingOffset(Value v, Value &dither) {
+  if (isConstantFloat(v, 0.5)) {
+    dither = Value();
+    return true;
+  }
+  auto d = v.getDefiningOp<DitherOp>();
+  if (!d || d.getOffset().convertToFloat() != 1.0f)
+    return false;
+  dither = v;
+  return true;
+}
+
 /// conv = fpto?i(select(cmpf uno(f, f), 0.0, f)), f = floor(h),
-/// h = addf(mulf(t, N), 0.5), t softsign or plain, n = divf(y, a).
+/// h = addf(mulf(t, N), u), u = 0.5 or a dither, t softsign or plain,
+/// n = divf(y, a).
 std::optional<Site> match(Operation *conv) {
   if (!conv->getResult(0).getType().isInteger(8))
     return std::nullopt;
@@ -92,18 +109,18 @@ std::optional<Site> match(Operation *conv) {
       isNan.getLhs() != floor.getResult() ||
       isNan.getRhs() != floor.getResult())
     return std::nullopt;
-  // h = addf(mulf(t, N), 0.5), or the fast mode's fma(t, N, 0.5).
+  // h = addf(mulf(t, N), u), or the fast mode's fma(t, N, u).
   SmallVector<Operation *> tail;
-  Value t, nValue;
+  Value t, nValue, dither;
   if (auto fma = floor.getOperand().getDefiningOp<math::FmaOp>()) {
-    if (!isConstantFloat(fma.getC(), 0.5))
+    if (!isRoundingOffset(fma.getC(), dither))
       return std::nullopt;
     t = fma.getA();
     nValue = fma.getB();
     tail = {fma};
   } else {
     auto half = floor.getOperand().getDefiningOp<arith::AddFOp>();
-    if (!half || !isConstantFloat(half.getRhs(), 0.5))
+    if (!half || !isRoundingOffset(half.getRhs(), dither))
       return std::nullopt;
     auto scaled = half.getLhs().getDefiningOp<arith::MulFOp>();
     if (!scaled)
@@ -117,6 +134,7 @@ std::optional<Site> match(Operation *conv) {
     return std::nullopt;
   Site s;
   s.conv = conv;
+  s.dither = dither;
   s.n = nAttr.convertToDouble();
   bool fused = tail.size() == 1;
   arith::DivFOp div;
@@ -204,24 +222,42 @@ struct Builder {
   }
 };
 
-GuardedOp rewrite(Site &s) {
+GuardedOp rewrite(Site &s, Value &halfDither) {
   Operation *conv = s.conv;
   Location loc = conv->getLoc();
   OpBuilder b(conv);
   Builder B{b, loc};
   Value a = s.a;
+  // With a dither u (the bounded numerics), the code is floor(RN(y + u)):
+  // the approximation is y' + d, d = u - 1/2 (exact, docs/NUMERICS.md §8),
+  // folded into the last multiply as an FMA where there is one.
+  Value d;
+  if (s.dither) {
+    if (!halfDither) {
+      auto u = s.dither.getDefiningOp<DitherOp>();
+      OpBuilder db(u);
+      db.setInsertionPointAfter(u);
+      halfDither = DitherOp::create(db, u.getLoc(), db.getF32Type(),
+                                    u.getStep(), db.getF32FloatAttr(1.5f))
+                       .getResult();
+    }
+    d = halfDither;
+  }
+  auto mulPlusD = [&](Value x, Value y) -> Value {
+    return d ? math::FmaOp::create(b, loc, x, y, d).getResult() : B.mul(x, y);
+  };
   Value scaledApprox;
   double delta;
   if (s.kind == Site::SoftsignFast) {
     // y' = (y * N) * rcp_approx(den), den = (a + |y|) / 2 in [a/2, a]: a
     // normal reciprocal where a < 2^126 (else N is NaN: the guard fails).
     Value n = B.belowOrNaN(a, 0x1p126, B.c(s.n));
-    scaledApprox = B.mul(B.mul(s.y, n), B.rcp(s.den));
+    scaledApprox = mulPlusD(B.mul(s.y, n), B.rcp(s.den));
     delta = 0x1p-13;
   } else if (s.kind == Site::Softsign) {
     Value n = B.mul(s.y, B.belowOrNaN(a, 0x1p126, B.rcp(a)));
     Value den = B.add(B.c(1.0), math::AbsFOp::create(b, loc, n));
-    scaledApprox = B.mul(B.mul(n, B.c(2.0 * s.n)), B.rcp(den));
+    scaledApprox = mulPlusD(B.mul(n, B.c(2.0 * s.n)), B.rcp(den));
     delta = 0x1p-13;
   } else {
     // The absmax from the maximum of the radicands: sqrt is monotonic, so
@@ -236,6 +272,8 @@ GuardedOp rewrite(Site &s) {
     Value k = B.mul(B.c(s.n), B.rcp(a));
     Value scale = B.belowOrNaN(a, 0x1p60, B.mul(k, k));
     scaledApprox = SqrtApproxOp::create(b, loc, B.mul(s.x, scale));
+    if (d)
+      scaledApprox = B.add(scaledApprox, d);
     delta = 0x1p-12;
   }
   // The nearest integer: floor(y' + 0.5) but at the half-integers, which
@@ -256,6 +294,13 @@ GuardedOp rewrite(Site &s) {
   guarded.getFallback().push_back(body);
   OpBuilder rb = OpBuilder::atBlockEnd(body);
   IRMapping m;
+  // The exact chain's u as d + 1/2 (exact), so that only the fallback
+  // computes it.
+  if (d)
+    m.map(s.dither, arith::AddFOp::create(
+                        rb, loc, d,
+                        arith::ConstantOp::create(rb, loc,
+                                                  rb.getF32FloatAttr(0.5f))));
   for (Operation *op : s.chain)
     rb.clone(*op, m);
   YieldOp::create(rb, loc, ValueRange{m.lookup(conv->getResult(0))});
@@ -336,8 +381,9 @@ struct FlashOptGuardedQuantizePass
           if (auto s = match(&op))
             sites.push_back(*s);
       SmallVector<GuardedOp> guarded;
+      Value halfDither; // u - 1/2, shared by the body's codes
       for (Site &s : sites)
-        guarded.push_back(rewrite(s));
+        guarded.push_back(rewrite(s, halfDither));
       merge(guarded);
       // The exact chains now live in the fallbacks.
       IRRewriter rewriter(body.getContext());

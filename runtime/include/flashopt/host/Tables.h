@@ -30,6 +30,10 @@ struct TensorInfo {
   int64_t first_group = 0; ///< table word 1
   int64_t num_groups = 0;  ///< ceil(numel / G)
   int param_group = 0;     ///< hyper slot, table word 2
+  /// Index of the tensor's first element in the logical tensor it is a
+  /// shard of (0 for a whole tensor); table word 3 adds each record's own
+  /// offset to it (the bounded numerics' dither index, docs/NUMERICS.md §8).
+  int64_t element_offset = 0;
   /// Host pointers (CPU) or device addresses (CUDA), caller-owned.
   void *param = nullptr;
   void *grad = nullptr;

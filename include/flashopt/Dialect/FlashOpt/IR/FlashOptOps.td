@@ -169,6 +169,28 @@ def FlashOpt_UpdateOp : FlashOpt_Op<"update", [
   let hasRegionVerifier = 1;
 }
 
+def FlashOpt_BoundOp : FlashOpt_Op<"bound", [
+    Pure, SameOperandsAndResultType, HasParent<"UpdateOp">]> {
+  let summary = "A bound on a value that the bounded numerics enforce";
+  let description = [{
+    `min(max(x, -limit), limit)` (NaN-propagating, as `arith.maximumf` and
+    `arith.minimumf`) in the default bounded numerics; `x` itself in the
+    FlashOptim numerics (an optimizer with `flashopt.numerics =
+    "flashoptim"`). A rule states with it a bound that its exact arithmetic
+    never exceeds, so that quantized states cannot make an update the exact
+    rule could not make: Adam's update is at most lr times the largest
+    |m_hat| / sqrt(v_hat) that exact Adam can reach (docs/NUMERICS.md §8).
+    flashopt-expand-encodings lowers it.
+
+    ```mlir
+    %upd_b = flashopt.bound %upd, %max_upd : f32
+    ```
+  }];
+  let arguments = (ins F32:$x, F32:$limit);
+  let results = (outs F32:$result);
+  let assemblyFormat = "$x `,` $limit attr-dict `:` type($x)";
+}
+
 def FlashOpt_YieldOp : FlashOpt_Op<"yield", [
     Pure, Terminator, ReturnLike, ParentOneOf<["UpdateOp", "GuardedOp"]>]> {
   let summary = "Yields the results of an update rule or of a guarded fallback";
@@ -335,6 +357,42 @@ def FlashOpt_GroupMaxOp : FlashOpt_Op<"group_max", [Pure, SameOperandsAndResultT
   let arguments = (ins F32:$value, UnitAttr:$bits);
   let results = (outs F32:$result);
   let assemblyFormat = "$value attr-dict `:` type($value)";
+}
+
+def FlashOpt_DitherOp : FlashOpt_Op<"dither", [
+    Pure, HasParent<"GroupBodyOp">]> {
+  let summary = "This element's rounding offset: a low-discrepancy sequence";
+  let description = [{
+    `u - (offset - 1)` with u = h / 2^14, h = (i * 12367 + t * 10125) mod
+    2^14, where i is the element's index in its tensor (the record's
+    element offset, docs/KERNEL-ABI.md, plus the index in the record) and t
+    the `step` operand (the step count), both taken modulo 2^32 first. u is
+    a multiple of 2^-14 in [0, 1 - 2^-14]; `offset` 1.0 gives u and 1.5
+    gives u - 1/2, both exactly. (Computed as the f32 whose bits are
+    `((h << 18) >> 9) | 0x3F800000`, which is 1 + u, minus `offset`.) For a
+    fixed element the sequence over steps is a rotation by 10125 / 2^14
+    (about 1/phi, the most evenly spread over any window of steps);
+    neighbouring elements differ by about 1/rho (the plastic number's).
+    The bounded numerics round every 8-bit state code with it,
+    `floor(t * N + u)` in place of `floor(t * N + 1/2)` (docs/NUMERICS.md
+    §8), so that a code rounds up with the probability of its fraction over
+    time: codes are unbiased and decay like the exact state. Every back end
+    computes the same bits. A per-element value (never uniform).
+
+    ```mlir
+    %u = flashopt.dither %step {offset = 1.000000e+00 : f32} : f32
+    ```
+  }];
+  let arguments = (ins I64:$step, F32Attr:$offset);
+  let results = (outs F32:$result);
+  let assemblyFormat = "$step attr-dict `:` type($result)";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// h's multiplier of the element index, times 2^18 (32-bit arithmetic).
+    static constexpr uint32_t kElementMultiplier = 12367u << 18;
+    /// h's multiplier of the step, times 2^18 (32-bit arithmetic).
+    static constexpr uint32_t kStepMultiplier = 10125u << 18;
+  }];
 }
 
 def FlashOpt_TableLookupOp : FlashOpt_Op<"table_lookup", [

@@ -68,10 +68,14 @@ def FlashOpt_StateEncodingInterface
         returns one value to store per buffer of getBuffers(), in that order
         (per-element values in the buffer's access type, per-group values in
         its storage type; reductions over the group as `flashopt.group_max`).
+        `dither` is the element's rounding offset in [0, 1) (a
+        `flashopt.dither`, the bounded numerics) or null (round to nearest,
+        the FlashOptim numerics); an encoding that rounds to a code uses it
+        in place of one half (docs/NUMERICS.md §8).
       }],
       "::llvm::SmallVector<::mlir::Value>", "emitEncode",
       (ins "::mlir::OpBuilder &":$builder, "::mlir::Location":$loc,
-           "::mlir::Value":$value)>,
+           "::mlir::Value":$value, "::mlir::Value":$dither)>,
     InterfaceMethod<[{
         Fills the encoding fields of a manifest state (the ABI library's
         model, abi/Manifest.h: kind, storage, group, compand, scale); the
