@@ -417,3 +417,148 @@ TEST_CASE("flashopt-guarded-quantize: how often an Adam trajectory falls "
   CHECK(rate < 2e-3);
   CHECK(kept > elements / 2); // most codes are non-zero and kept
 }
+
+namespace {
+
+/// The bounded numerics (docs/NUMERICS.md §8): codes floor(RN(y + u)) with
+/// a dither u = k 2^-14 in [0, 1 - 2^-14]; the guarded form is
+/// z' = RN(y' + d), d = u - 1/2 (exact), folded into the last multiply as
+/// an FMA (softsign) or added (sqrt), code' = rint(z') where
+/// |z' - rint(z')| <= limit.
+Fast guardedD(float z, float limit) { return guarded(z, limit); }
+
+float softsignExactU(float x, float a, float u) {
+  float n = x / a;
+  float t = (2.0f * n) / (1.0f + std::fabs(n));
+  return codeOf(t * 127.0f + u);
+}
+Fast softsignFastU(float x, float a, float u, int picks,
+                   float limit = 0.5f - 0x1p-13f) {
+  float r = a < 0x1p126f ? rcpApprox(a, picks & 1) : NAN;
+  float n = x * r;
+  float den = 1.0f + std::fabs(n);
+  float z = std::fma(n * 254.0f, rcpApprox(den, (picks >> 1) & 1), u - 0.5f);
+  return guardedD(z, limit);
+}
+float softsignFastModeExactU(float x, float a, float u) {
+  float t = x / std::fma(std::fabs(x), 0.5f, a * 0.5f);
+  return codeOf(std::fma(t, 127.0f, u));
+}
+Fast softsignFastModeGuardedU(float x, float a, float u, int pick,
+                              float limit = 0.5f - 0x1p-13f) {
+  float den = std::fma(std::fabs(x), 0.5f, a * 0.5f);
+  float n = a < 0x1p126f ? 127.0f : NAN;
+  float z = std::fma(x * n, rcpApprox(den, pick), u - 0.5f);
+  return guardedD(z, limit);
+}
+float sqrtExactU(float v, float a, float u) {
+  float y = std::sqrt(v);
+  return codeOf((y / a) * 255.0f + u);
+}
+Fast sqrtFastU(float v, float a, float u, int picks,
+               float limit = 0.5f - 0x1p-12f) {
+  float k = 255.0f * rcpApprox(a, picks & 1);
+  float s = a < 0x1p60f ? k * k : NAN;
+  float z = sqrtApprox(v * s, (picks >> 1) & 1) + (u - 0.5f);
+  return guardedD(z, limit);
+}
+
+/// One dithered input, every rounding choice; the tally counts wrong codes
+/// where the guard holds (failing the test unless `expectWrong`).
+template <typename FastFn>
+void tallyU(Tally &t, bool expectWrong, float exact, int choices,
+            FastFn fast) {
+  for (int picks = 0; picks < choices; ++picks) {
+    Fast f = fast(picks);
+    ++t.cases;
+    if (!f.ok)
+      continue;
+    ++t.guarded;
+    if (f.code != exact && ++t.wrong < 5 && !expectWrong)
+      FAIL_CHECK("wrong dithered code " << f.code << " vs " << exact);
+  }
+}
+
+/// Dithered softsign, fast-mode softsign and sqrt codes over random inputs
+/// and inputs whose y + u lies within a few margins of an integer, with the
+/// guard's limit `shrink` times closer to 1/2 (1: the kernels').
+void checkDithered(Tally &soft, Tally &fastSoft, Tally &sq, double shrink,
+                   bool expectWrong, int rounds) {
+  std::mt19937_64 rng(21);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  auto dither = [&] { return float(rng() % 16384) / 16384.0f; };
+  float ls = float(0.5 - 0x1p-13 / shrink), lq = float(0.5 - 0x1p-12 / shrink);
+  for (int i = 0; i < rounds; ++i) {
+    float u = dither();
+    float a = std::ldexp(1.0f + std::fabs(unit(rng)), int(rng() % 160) - 80);
+    float x = unit(rng) * a;
+    tallyU(soft, expectWrong, softsignExactU(x, a, u), 4,
+           [&](int p) { return softsignFastU(x, a, u, p, ls); });
+    tallyU(fastSoft, expectWrong, softsignFastModeExactU(x, a, u), 2,
+           [&](int p) { return softsignFastModeGuardedU(x, a, u, p, ls); });
+    float r = std::fabs(unit(rng));
+    float v = (r * a) * (r * a);
+    tallyU(sq, expectWrong, sqrtExactU(v, a, u), 4,
+           [&](int p) { return sqrtFastU(v, a, u, p, lq); });
+    // y + u = k + m delta: a target integer k, m within a few margins.
+    double m = double(int(rng() % 9) - 4) * 0.5;
+    int k = int(rng() % 254) - 126;
+    double tt = (k - u + m * 0x1p-13) / 127.0;
+    if (std::fabs(tt) <= 1.0) {
+      float xe = float(tt / (2.0 - std::fabs(tt)) * a);
+      for (int d = -2; d <= 2; ++d) {
+        float xd = ulps(xe, d);
+        tallyU(soft, expectWrong, softsignExactU(xd, a, u), 4,
+               [&](int p) { return softsignFastU(xd, a, u, p, ls); });
+      }
+      double tf = (k - u + m * 0x1p-13) / 127.0; // fast mode: t = 2x/(a+|x|)
+      float xf = float(tf / (2.0 - std::fabs(tf)) * a);
+      for (int d = -2; d <= 2; ++d) {
+        float xd = ulps(xf, d);
+        tallyU(fastSoft, expectWrong, softsignFastModeExactU(xd, a, u), 2,
+               [&](int p) { return softsignFastModeGuardedU(xd, a, u, p, ls); });
+      }
+    }
+    int kq = int(rng() % 255) + 1;
+    double z = (kq - u + m * 0x1p-12) / 255.0;
+    if (z >= 0.0 && z <= 1.0) {
+      float ve = float((z * a) * (z * a));
+      for (int d = -2; d <= 2; ++d) {
+        float vd = ulps(ve, d);
+        tallyU(sq, expectWrong, sqrtExactU(vd, a, u), 4,
+               [&](int p) { return sqrtFastU(vd, a, u, p, lq); });
+      }
+    }
+  }
+}
+
+} // namespace
+
+TEST_CASE("flashopt-guarded-quantize: dithered codes where the guard holds "
+          "are exact (bounded numerics)") {
+  Tally soft, fastSoft, sq;
+  checkDithered(soft, fastSoft, sq, 1.0, false, 1000000);
+  MESSAGE("dithered: softsign " << soft.cases << " cases, "
+                                << soft.cases - soft.guarded
+                                << " fell back; fast-mode softsign "
+                                << fastSoft.cases << ", "
+                                << fastSoft.cases - fastSoft.guarded
+                                << "; sqrt " << sq.cases << ", "
+                                << sq.cases - sq.guarded);
+  CHECK(soft.wrong == 0);
+  CHECK(fastSoft.wrong == 0);
+  CHECK(sq.wrong == 0);
+  // The boundary cases reach the fallback, and most codes do not.
+  CHECK(soft.cases - soft.guarded > soft.cases / 100);
+  CHECK(soft.guarded > soft.cases / 2);
+  CHECK(sq.cases - sq.guarded > sq.cases / 100);
+  // The test can see a margin that is too small: 4 times closer to 1/2,
+  // the softsign guard keeps wrong codes.
+  Tally s4, f4, q4;
+  checkDithered(s4, f4, q4, 4.0, true, 300000);
+  MESSAGE("margins / 4: wrong codes kept: softsign " << s4.wrong
+                                                      << ", fast-mode "
+                                                      << f4.wrong << ", sqrt "
+                                                      << q4.wrong);
+  CHECK(s4.wrong > 0);
+}

@@ -42,18 +42,22 @@ class NumericsError(FlashOptError):
 
 
 def spec_name(rule: str, dtype: torch.dtype, master_weight_bits: Optional[int],
-              quantize: bool, arithmetic: str = "exact") -> str:
+              quantize: bool, arithmetic: str = "exact", numerics: str = "bounded") -> str:
     """The shipped spec (specs/<name>.json) for a parameter dtype and mode.
 
     fp32 parameters are their own master weights: master_weight_bits does not
     apply to them. Unquantized states (quantize=False) are plain fp32.
     arithmetic="fast" selects the spec of the portable fast mode
-    (docs/NUMERICS.md §7), `<name>_fast`.
+    (docs/NUMERICS.md §7), `<name>_fast`. numerics="flashoptim" selects
+    FlashOptim's numerics (docs/NUMERICS.md §8), `<name>_flashoptim`, where
+    they differ from the bounded ones: quantized states, and Adam's bound.
     """
     d = _DTYPES[dtype][1]
     master = "" if dtype == torch.float32 else {None: "", 24: "_m24", 32: "_m32"}[master_weight_bits]
     fast = "_fast" if arithmetic == "fast" else ""
-    return f"{rule}_{d}{master}{'' if quantize else '_f32states'}{fast}"
+    differs = quantize or rule in ("adam", "adamw")
+    fo = "_flashoptim" if numerics == "flashoptim" and differs else ""
+    return f"{rule}_{d}{master}{'' if quantize else '_f32states'}{fast}{fo}"
 
 
 class FlashOptimizer(Optimizer):
@@ -62,14 +66,21 @@ class FlashOptimizer(Optimizer):
     _rule = ""
 
     def __init__(self, params, defaults: Dict[str, Any], *, master_weight_bits: Optional[int] = 24,
-                 quantize: bool = True, check_numerics: bool = False, arithmetic: str = "exact"):
+                 quantize: bool = True, check_numerics: bool = False, arithmetic: str = "exact",
+                 numerics: str = "bounded"):
         if master_weight_bits not in (None, 24, 32):
             raise ValueError(f"master_weight_bits must be None, 24 or 32, not {master_weight_bits!r}")
         if arithmetic not in ("exact", "fast"):
             raise ValueError(f"arithmetic must be 'exact' or 'fast', not {arithmetic!r}")
+        if numerics not in ("bounded", "flashoptim"):
+            raise ValueError(f"numerics must be 'bounded' or 'flashoptim', not {numerics!r}")
+        if numerics == "flashoptim" and arithmetic == "fast":
+            raise ValueError("numerics='flashoptim' reproduces FlashOptim's kernels bit for bit, "
+                             "which have no fast arithmetic; use arithmetic='exact'")
         self.master_weight_bits = master_weight_bits
         self.quantize = bool(quantize)
         self.arithmetic = arithmetic
+        self.numerics = numerics
         self._check_numerics_each_step = bool(check_numerics)
         self._bundles: Dict[tuple, _Bundle] = {}
         self._where: Dict[int, tuple] = {}  # id(param) -> (bundle, index)
@@ -81,7 +92,8 @@ class FlashOptimizer(Optimizer):
     # ---- parameters ----------------------------------------------------------------
     def _mode(self, dtype) -> str:
         return (f"{dtype} parameters, master_weight_bits={self.master_weight_bits}, "
-                f"quantize={self.quantize}, arithmetic={self.arithmetic!r}")
+                f"quantize={self.quantize}, arithmetic={self.arithmetic!r}, "
+                f"numerics={self.numerics!r}")
 
     def _check_param(self, p) -> None:
         if not isinstance(p, torch.Tensor):
@@ -119,7 +131,7 @@ class FlashOptimizer(Optimizer):
             key = (p.dtype, str(p.device))
             if key not in self._bundles and key not in new_bundles:
                 spec = spec_name(self._rule, p.dtype, self.master_weight_bits, self.quantize,
-                                 self.arithmetic)
+                                 self.arithmetic, self.numerics)
                 new_bundles[key] = _Bundle(type(self).__name__, spec, p.dtype, p.device,
                                            self._mode(p.dtype))
         # Overlapping memory (two views of one storage) is refused by the library;
@@ -567,7 +579,7 @@ class FlashSGD(FlashOptimizer):
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, *, master_weight_bits=24, quantize=True, check_numerics=False,
-                 arithmetic="exact", maximize=False, foreach=None, differentiable=False,
+                 arithmetic="exact", numerics="bounded", maximize=False, foreach=None, differentiable=False,
                  fused=None):
         _check_common(lr, weight_decay, dict(maximize=maximize, foreach=foreach,
                                              differentiable=differentiable, fused=fused))
@@ -580,7 +592,7 @@ class FlashSGD(FlashOptimizer):
         defaults.update(self._extra_defaults())
         super().__init__(params, defaults, master_weight_bits=master_weight_bits,
                          quantize=quantize, check_numerics=check_numerics,
-                         arithmetic=arithmetic)
+                         arithmetic=arithmetic, numerics=numerics)
 
     def _extra_defaults(self):
         return {}
@@ -619,7 +631,7 @@ class FlashAdam(FlashOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None,
                  amsgrad=False, *, master_weight_bits=24, quantize=True, check_numerics=False,
-                 arithmetic="exact", maximize=False, foreach=None, capturable=False,
+                 arithmetic="exact", numerics="bounded", maximize=False, foreach=None, capturable=False,
                  differentiable=False, fused=None, **extra):
         if weight_decay is None:
             weight_decay = self._default_wd
@@ -633,7 +645,7 @@ class FlashAdam(FlashOptimizer):
         defaults.update(extra)
         super().__init__(params, defaults, master_weight_bits=master_weight_bits,
                          quantize=quantize, check_numerics=check_numerics,
-                         arithmetic=arithmetic)
+                         arithmetic=arithmetic, numerics=numerics)
 
     def _hypers(self, g):
         b1, b2 = g["betas"]
@@ -667,7 +679,7 @@ class FlashLion(FlashOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0, *,
                  decouple_lr=False, master_weight_bits=24, quantize=True, check_numerics=False,
-                 arithmetic="exact", maximize=False, foreach=None, differentiable=False,
+                 arithmetic="exact", numerics="bounded", maximize=False, foreach=None, differentiable=False,
                  fused=None):
         _check_common(lr, weight_decay, dict(maximize=maximize, foreach=foreach,
                                              differentiable=differentiable, fused=fused))
@@ -676,7 +688,7 @@ class FlashLion(FlashOptimizer):
                         decouple_lr=bool(decouple_lr))
         super().__init__(params, defaults, master_weight_bits=master_weight_bits,
                          quantize=quantize, check_numerics=check_numerics,
-                         arithmetic=arithmetic)
+                         arithmetic=arithmetic, numerics=numerics)
 
     def _hypers(self, g):
         b1, b2 = g["betas"]

@@ -213,6 +213,20 @@ private:
         for (Value r : op.getResults())
           varying.insert(r);
     }
+    // A dither is computed in the phase of its first use, not before the
+    // group maxima its uses wait for: W more values live across a
+    // butterfly cost the GPU kernels registers.
+    for (Operation &op : block) {
+      if (!isa<DitherOp>(op))
+        continue;
+      int64_t first = maxPhase;
+      for (Operation *user : op.getUsers()) {
+        Operation *top = block.findAncestorOpInBlock(*user);
+        if (top)
+          first = std::min(first, phases.lookup(top));
+      }
+      phases[&op] = std::max(phases.lookup(&op), first);
+    }
     return success();
   }
 

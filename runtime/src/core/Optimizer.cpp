@@ -160,6 +160,26 @@ Status Optimizer::set_param(int64_t tensor, void *param) {
   return repoint(tensor, &TensorInfo::param, param, "set_param", "param");
 }
 
+Status Optimizer::set_element_offset(int64_t tensor, int64_t offset) {
+  if (Status s = impl_->checkTensor(tensor, "set_element_offset"); !s)
+    return s;
+  if (offset < 0)
+    return Status::error("set_element_offset: offset must be >= 0, got " +
+                         std::to_string(offset));
+  Impl &I = *impl_;
+  TensorInfo &ti = I.tensors[size_t(tensor)];
+  if (ti.element_offset != offset) {
+    ti.element_offset = offset;
+    I.dirty = true;
+    try {
+      I.refresh();
+    } catch (const std::exception &e) {
+      return Status::error(std::string("set_element_offset: ") + e.what());
+    }
+  }
+  return Status::success();
+}
+
 Status Optimizer::repoint(int64_t tensor, void *TensorInfo::*field,
                           void *address, const char *who, const char *what) {
   Impl &I = *impl_;

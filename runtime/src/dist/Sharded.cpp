@@ -140,6 +140,9 @@ Status DataParallel::shard(Optimizer &opt,
     if (!k)
       return k.status();
     ownerIndex_[i] = *k;
+    // The piece steps as these elements of the whole tensor do.
+    if (Status s = owner_->set_element_offset(*k, r.begin); !s)
+      return s;
     // This rank's slice of the correction terms and states (rank 0's, as
     // broadcast by attach).
     for (const BufferSpec &spec : m.buffers) {

@@ -342,7 +342,7 @@ API cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     int64_t expect = 0;
     for (int64_t t = 0; t < n; ++t) {
       const int64_t *rec = table + t * R;
-      if (rec[0] < 1 || rec[0] > INT32_MAX || rec[1] != expect || rec[3] != 0)
+      if (rec[0] < 1 || rec[0] > INT32_MAX || rec[1] != expect || rec[3] < 0)
         return fail(kLaunchFailed,
                     "record " + std::to_string(t) + " is malformed");
       for (int64_t w = 4; w < R; ++w)

@@ -234,11 +234,11 @@ GuardedOp rewrite(Site &s, Value &halfDither) {
   Value d;
   if (s.dither) {
     if (!halfDither) {
+      // Right before the first code that uses it (the lowering computes a
+      // dither in the phase of its first use).
       auto u = s.dither.getDefiningOp<DitherOp>();
-      OpBuilder db(u);
-      db.setInsertionPointAfter(u);
-      halfDither = DitherOp::create(db, u.getLoc(), db.getF32Type(),
-                                    u.getStep(), db.getF32FloatAttr(1.5f))
+      halfDither = DitherOp::create(b, u.getLoc(), b.getF32Type(),
+                                    u.getStep(), b.getF32FloatAttr(1.5f))
                        .getResult();
     }
     d = halfDither;

@@ -73,6 +73,11 @@ public:
   Status set_grad(int64_t tensor, void *grad);
   /// Re-points a tensor's parameter storage.
   Status set_param(int64_t tensor, void *param);
+  /// Sets the index of a tensor's first element in the logical tensor it is
+  /// a piece of (>= 0; 0 after add_param): the bounded numerics' dither
+  /// index (docs/NUMERICS.md §8, KERNEL-ABI "Tensor table" word 3), so a
+  /// piece steps exactly as the same elements of the whole tensor.
+  Status set_element_offset(int64_t tensor, int64_t offset);
   int64_t num_tensors() const;
   int64_t total_groups() const;
   int64_t total_numel() const;
