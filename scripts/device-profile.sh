@@ -134,7 +134,7 @@ if [[ "$1" == "--experiments" ]]; then
     RC=${PIPESTATUS[0]}
     STEP_TIME=$((SECONDS - t0))
     if ((RC == 77)); then
-      grep -m1 '^no NVIDIA GPU/driver:' "$log" || echo "no NVIDIA GPU/driver: $1 exited 77"
+      grep -q '^no NVIDIA GPU/driver:' "$log" || echo "no NVIDIA GPU/driver: $1 exited 77"
       exit 77
     fi
     local st=ok
