@@ -20,7 +20,7 @@ from torch.optim import Optimizer
 
 from . import _lib as L
 from . import _state
-from ._bundle import _DTYPES, _Bundle, _device_key, _float, _is_dtensor
+from ._bundle import _DTYPES, GRAD_SCALE, _Bundle, _device_key, _float, _is_dtensor
 
 
 def spec_name(rule: str, dtype: torch.dtype, master_weight_bits: Optional[int],
@@ -92,10 +92,18 @@ class FlashOptimizer(Optimizer):
     Subclasses set `_rule` (the spec's rule) and `_hyper_table` (kernel
     hyper-parameter -> Hyper), which drives both directions between
     param_groups and the library.
+
+    torch.amp.GradScaler: `_step_supports_amp_scaling` is True, so the scaler
+    passes `grad_scale` and `found_inf` to step() instead of unscaling the
+    gradients itself (which it refuses for fp16). step() multiplies the
+    gradients by 1/grad_scale inside the kernels (their "grad_scale"
+    hyper-parameter: no extra pass over memory) and skips the whole step,
+    counters included, when found_inf is non-zero.
     """
 
     _rule = ""
     _hyper_table: Dict[str, Hyper] = {}
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, defaults: Dict[str, Any], *, master_weight_bits: Optional[int] = 24,
                  quantize: bool = True, check_numerics: bool = False, arithmetic: str = "exact",
@@ -121,6 +129,7 @@ class FlashOptimizer(Optimizer):
         self._where: Dict[int, tuple] = {}  # id(param) -> (bundle, index)
         self._num_params = 0
         self._gradient_release = None
+        self._kernel_grad_scale = 1.0  # 1/GradScaler's scale for the step at hand
         self._constructor_lr = defaults["lr"]
         super().__init__(params, defaults)
 
@@ -222,10 +231,27 @@ class FlashOptimizer(Optimizer):
             for name, v in values.items():
                 if name in b.hyper_names:
                     b.set_hyper(gi, name, v)
+            if GRAD_SCALE in b.hyper_names:
+                b.set_hyper(gi, GRAD_SCALE, self._kernel_grad_scale)
+            elif self._kernel_grad_scale != 1.0:
+                raise RuntimeError(f"flashopt: the bundle {b.spec} has no \"{GRAD_SCALE}\" "
+                                   "hyper-parameter, so GradScaler's scale cannot be folded "
+                                   "into its step: rebuild it with this flashopt-gen")
 
     def _sync_hypers(self):
         for gi in range(len(self.param_groups)):
             self._sync_group(gi)
+
+    def _take_amp_scaling(self) -> bool:
+        """Reads what torch.amp.GradScaler set for this step: the factor the
+        kernels multiply the gradients by (1/grad_scale), and whether to
+        step at all (found_inf zero)."""
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and _float(found_inf) != 0.0:
+            return False
+        grad_scale = getattr(self, "grad_scale", None)
+        self._kernel_grad_scale = 1.0 if grad_scale is None else 1.0 / _float(grad_scale)
+        return True
 
     # ---- stepping --------------------------------------------------------------------
     def _gather(self, b: _Bundle):
@@ -277,6 +303,8 @@ class FlashOptimizer(Optimizer):
             warnings.warn("flashopt: step() does nothing while gradient release is enabled "
                           "(parameters are stepped during backward)")
             return loss
+        if not self._take_amp_scaling():
+            return loss  # GradScaler found an inf: nothing changes, no counter moves
         self._sync_hypers()
         if self._check_numerics_each_step:
             self.check_numerics()
