@@ -95,7 +95,7 @@ class _Bundle:
 
     # ---- life --------------------------------------------------------------------
     def close(self):
-        if self.handle is not None and L._lib is not None:
+        if self.handle is not None:
             self._lib.flashopt_optimizer_destroy(self.handle)
             self.handle = None
 
