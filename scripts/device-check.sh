@@ -410,7 +410,7 @@ if [[ -n "$PYLIB" ]] && python3 -c 'import torch, pytest' >/dev/null 2>&1; then
     python3 -m pytest -q -p no:cacheprovider -o addopts= -rs bindings/python/tests/test_cuda.py
   record "binding GPU tests" "$(status_of $RC)" "$STEP_TIME" "$(grep -E '[0-9]+ (passed|failed)' "$LOGS/python-cuda.txt" | tail -1 | cut -c1-100)"
   ((RC != 0)) && FAILED=1
-  run_step "gpt_gpu_compare.py" 150 "$LOGS/gpt-gpu-compare.md" "${PYENV[@]}" python3 bench/gpt_gpu_compare.py
+  run_step "gpt_gpu_compare.py" 150 "$LOGS/gpt-gpu-compare.md" "${PYENV[@]}" python3 bench/gpt_gpu_compare.py --steps 100
   record "gpt_gpu_compare.py" "$(status_of $RC) (reported)" "$STEP_TIME" "see gpt-gpu-compare.md"
 else
   record "binding GPU tests" "skipped" 0 "no $BUILD/lib/libflashopt.so or no python3 with torch and pytest"
