@@ -21,6 +21,8 @@
 #   all bundles at 1e9      every shipped bundle, one tensor of 1e9 params, vs a
 #                           device copy of the same bytes (gpu-bench-all.md)
 #   bench/torch_adamw.py    torch.optim.AdamW(fused=True) fp32, same sizes
+#   binding GPU tests       bindings/python/tests/test_cuda.py (pytest)
+#   gpt_gpu_compare.py      a small GPT: torch fused AdamW vs FlashAdamW exact/fast
 #
 # and prints one summary table. Logs go to build-device/device-check-logs; when
 # OUT is set, the summary, the main tables and a tarball of all logs are
@@ -395,6 +397,23 @@ if command -v python3 >/dev/null 2>&1; then
   ((RC != 0 && RC != 77)) && FAILED=1
 else
   record "torch_adamw.py" "skipped" 0 "no python3"
+fi
+
+# ---- The PyTorch binding on the GPU (bindings/python; issue 35 item 5) -------
+# Its GPU tests (a check: a failure fails the run) and the end-to-end GPT
+# comparison (an experiment: reported only). Needs python3 with CUDA torch
+# and pytest, and this build's libflashopt.
+PYLIB=$(ls "$BUILD"/lib/libflashopt.so 2>/dev/null)
+if [[ -n "$PYLIB" ]] && python3 -c 'import torch, pytest' >/dev/null 2>&1; then
+  PYENV=(env FLASHOPT_LIBRARY="$PYLIB" FLASHOPT_KERNELS="$KERNELS" PYTHONPATH="$ROOT/bindings/python")
+  run_step "binding GPU tests" 120 "$LOGS/python-cuda.txt" "${PYENV[@]}" \
+    python3 -m pytest -q -p no:cacheprovider -o addopts= -rs bindings/python/tests/test_cuda.py
+  record "binding GPU tests" "$(status_of $RC)" "$STEP_TIME" "$(grep -E '[0-9]+ (passed|failed)' "$LOGS/python-cuda.txt" | tail -1 | cut -c1-100)"
+  ((RC != 0)) && FAILED=1
+  run_step "gpt_gpu_compare.py" 150 "$LOGS/gpt-gpu-compare.md" "${PYENV[@]}" python3 bench/gpt_gpu_compare.py --steps 100
+  record "gpt_gpu_compare.py" "$(status_of $RC) (reported)" "$STEP_TIME" "see gpt-gpu-compare.md"
+else
+  record "binding GPU tests" "skipped" 0 "no $BUILD/lib/libflashopt.so or no python3 with torch and pytest"
 fi
 
 ((CHECK_RC == 0 && FAILED == 0)) && finish 0
