@@ -40,7 +40,8 @@ fi
 # Python for the tests, the binding (bindings/python) and the demo: a virtual
 # environment with torch 2.x from the package index (not Debian's torch 1.13),
 # numpy, safetensors, scikit-learn (the bundled digits data set), matplotlib,
-# pytest and tqdm. torch with its CUDA libraries is ~4 GB, so the environment
+# pytest and tqdm; transformers and accelerate (the binding's Trainer tests)
+# and scikit-build-core (the wheel's build backend, for the wheel test). torch with its CUDA libraries is ~4 GB, so the environment
 # lives outside the checkout, in ${FLASHOPT_VENV:-$HOME/.cache/flashopt/venv},
 # shared by every clone on this machine (CI runs in a fresh clone); .venv in the
 # checkout is a symlink to it. Only missing packages are installed.
@@ -60,6 +61,9 @@ PY_REQS=(
   "matplotlib:matplotlib"
   "pytest:pytest"
   "tqdm:tqdm"
+  "transformers:transformers>=4.40"
+  "accelerate:accelerate>=1.1"
+  "scikit_build_core:scikit-build-core>=0.10"
 )
 # One interpreter start checks them all (importing torch takes seconds).
 mapfile -t py_missing < <("$VENV/bin/python" - "${PY_REQS[@]}" <<'PY'

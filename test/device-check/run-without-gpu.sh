@@ -4,14 +4,20 @@
 #      vector access matches the manifest's elements_per_thread and, when
 #      ptxas is installed, a cubin per chip with 0 spills and registers
 #      within the PTX's .maxnreg (64, or 96 for 8-lane Adam kernels);
-#   2. `device-check.sh --prepare` gathers the build dependencies;
-#   3. `device-check.sh` builds the MLIR-free runtime (-DFLASHOPT_RUNTIME_ONLY)
+#   2. device-check.sh, the pass/fail check, runs no performance experiment
+#      (those are scripts/device-profile.sh, and cannot fail the check);
+#   3. `device-check.sh --prepare` gathers the build dependencies, and
+#      `device-profile.sh --prepare` (given FLASHOPT_GEN) the experiments' kernel
+#      variants and static counts beside them, which a second
+#      `device-check.sh --prepare` keeps;
+#   4. `device-check.sh` builds the MLIR-free runtime (-DFLASHOPT_RUNTIME_ONLY)
 #      from scratch, runs the runtime unit tests, and then either checks the GPU
 #      (exit 0, on a machine with one) or stops with exit 77 and a message
-#      naming the missing driver (here).
-# Usage: run-without-gpu.sh SOURCE_DIR KERNELS_DIR WORK_DIR
+#      naming the missing driver (here); `device-profile.sh --experiments` then
+#      stops the same way.
+# Usage: run-without-gpu.sh SOURCE_DIR KERNELS_DIR WORK_DIR [FLASHOPT_GEN]
 set -uo pipefail
-SRC=$1 KERNELS=$2 WORK=$3
+SRC=$1 KERNELS=$2 WORK=$3 GEN=${4:-}
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 n=0
@@ -54,10 +60,42 @@ done
 # (examples/custom-rules bundles are CPU-only; they are not checked here.)
 echo "ok: $n bundles with PTX (and cubins) for sm_80, sm_90, sm_100"
 
+# The check runs no experiment: other lane widths and register caps, Nsight
+# Compute's counts and the model calibration are device-profile.sh's.
+if grep -nE 'kernels-narrow|kernels-wide16|gpu-max-registers|gpu-bytes-per-thread|(^|[^a-z])ncu([^a-z]|$)|sass-cost' \
+  "$SRC/scripts/device-check.sh"; then
+  fail "scripts/device-check.sh runs an experiment (above); it belongs in scripts/device-profile.sh"
+fi
+grep -q -- '--experiments' "$SRC/scripts/device-profile.sh" ||
+  fail "scripts/device-profile.sh has no --experiments"
+
+HAS_PTXAS=0
+{ command -v ptxas >/dev/null || [[ -x /usr/local/cuda/bin/ptxas ]]; } && HAS_PTXAS=1
 rm -rf "$WORK"
 mkdir -p "$WORK"
 FLASHOPT_DEVICE_DEPS="$WORK/deps" FLASHOPT_KERNELS="$KERNELS" \
   bash "$SRC/scripts/device-check.sh" --prepare || fail "--prepare failed"
+if [[ -n "$GEN" ]]; then
+  FLASHOPT_DEVICE_DEPS="$WORK/deps" FLASHOPT_KERNELS="$KERNELS" FLASHOPT_GEN="$GEN" \
+    bash "$SRC/scripts/device-profile.sh" --prepare
+  prc=$?
+  # device-check --prepare renews only its own folders.
+  FLASHOPT_DEVICE_DEPS="$WORK/deps" FLASHOPT_KERNELS="$KERNELS" \
+    bash "$SRC/scripts/device-check.sh" --prepare >/dev/null || fail "a second --prepare failed"
+  nn=$(ls "$WORK"/deps/kernels-narrow/*/manifest.json 2>/dev/null | wc -l)
+  nw=$(ls "$WORK"/deps/kernels-wide16/*/manifest.json 2>/dev/null | wc -l)
+  ((nn == 2)) || fail "device-profile.sh --prepare: $nn 4-lane Adam bundles, expected 2"
+  ((nw == 4)) || fail "device-profile.sh --prepare: $nw 16-lane SGD/Lion bundles, expected 4"
+  if ((HAS_PTXAS)); then
+    ((prc == 0)) || fail "device-profile.sh --prepare exited $prc"
+    python3 - "$WORK/deps/sass-cost.json" <<'PY' || fail "no static counts from device-profile.sh --prepare"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert rows and all(r["arch"] == "sm_90" and r["insns_per_elt"] > 0 for r in rows), rows[:1]
+PY
+  fi
+  echo "ok: device-profile.sh --prepare built the experiments' variants ($nn + $nw bundles)"
+fi
 
 # (On a 2-core machine running the rest of the suite beside it, the
 # from-scratch runtime build can take minutes: a generous build limit.)
@@ -82,6 +120,17 @@ case $rc in
 77)
   grep -q '^no NVIDIA GPU/driver: .*libcuda.so.1' "$WORK/out.txt" ||
     fail "exit 77 without the 'no NVIDIA GPU/driver' message"
-  echo "ok: no GPU here; the script stops with 77 and says why (the GPU part needs a device)" ;;
+  echo "ok: no GPU here; the script stops with 77 and says why (the GPU part needs a device)"
+  if [[ -n "$GEN" ]]; then
+    FLASHOPT_DEVICE_DEPS="$WORK/deps" FLASHOPT_KERNELS="$KERNELS" \
+      FLASHOPT_DEVICE_BUILD="$WORK/build" bash "$SRC/scripts/device-profile.sh" --experiments \
+      >"$WORK/profile.txt" 2>&1
+    prc=$?
+    cat "$WORK/profile.txt"
+    ((prc == 77)) || fail "device-profile.sh --experiments exited $prc without a GPU (expected 77)"
+    grep -q '^no NVIDIA GPU/driver: ' "$WORK/profile.txt" ||
+      fail "device-profile.sh --experiments: exit 77 without the 'no NVIDIA GPU/driver' message"
+    echo "ok: device-profile.sh --experiments stops with 77 and says why"
+  fi ;;
 *) fail "device-check.sh exited $rc" ;;
 esac

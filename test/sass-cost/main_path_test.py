@@ -1,16 +1,12 @@
 #!/usr/bin/env python3
-"""Unit test of scripts/sass-cost.py's main-path walk on hand-written SASS
-(no nvdisasm needed): which arm of each branch a thread in the middle of a
-large tensor takes. Exit status 0 when every case holds."""
-import importlib.util
+"""Unit test of the static SASS model's main-path walk (bench/sass_cost/model.py)
+on hand-written SASS (no nvdisasm needed): which arm of each branch a thread in
+the middle of a large tensor takes. Exit status 0 when every case holds."""
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location(
-    "sass_cost", os.path.join(HERE, "..", "..", "scripts", "sass-cost.py"))
-sc = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sc)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from sass_cost import model as sc  # noqa: E402
 
 
 def listing(lines):

@@ -1,9 +1,12 @@
 """One libflashopt optimizer ("bundle") per (parameter dtype, device): the
-ctypes side of the torch.optim drop-ins in optim.py."""
+ctypes side of the torch.optim drop-ins. Every optimizer-level C call of the
+binding is a method here; the torch classes never build ctypes arguments."""
 
 from __future__ import annotations
 
 import ctypes
+import os
+import tempfile
 from typing import Dict, List
 
 import torch
@@ -18,6 +21,11 @@ _DTYPES = {
 _TORCH_OF = {L.BF16: torch.bfloat16, L.F16: torch.float16, L.F32: torch.float32,
              L.I8: torch.int8, L.U8: torch.uint8, L.I16: torch.int16}
 
+# The hyper-parameter every step kernel has after the rule's own
+# (abi/include/flashopt/abi/KernelAbi.h kGradScaleHyper): the gradient is
+# multiplied by it inside the kernel.
+GRAD_SCALE = "grad_scale"
+
 
 class MissingBundleError(FileNotFoundError):
     """No generated bundle for the requested (rule, dtype, master weight, states)."""
@@ -31,8 +39,22 @@ def _device_key(dev: torch.device):
     raise TypeError(f"flashopt: parameters on {dev} are not supported (CPU and CUDA only)")
 
 
+def _missing(owner: str, spec: str, mode: str) -> MissingBundleError:
+    rule = spec.split("_", 1)[0]
+    have = sorted(p.name for p in L.kernels_dir().glob(rule + "_*")
+                  if (p / "manifest.json").is_file())
+    return MissingBundleError(
+        f"flashopt: {owner} with {mode} needs the bundle '{spec}' "
+        f"(specs/{spec}.json), which is not in {L.kernels_dir()}: there is no such "
+        f"generated optimizer. Choose another master_weight_bits/quantize, or write "
+        f"specs/{spec}.json (docs/SPEC.md) and rebuild. Bundles of this rule: "
+        f"{', '.join(have) if have else 'none'}")
+
+
 class _Bundle:
-    """One libflashopt optimizer: the parameters of one dtype on one device."""
+    """One libflashopt optimizer: the parameters of one dtype on one device.
+
+    Every call goes through `self._lib` (tests count them there)."""
 
     def __init__(self, owner: str, spec: str, dtype: torch.dtype, device: torch.device,
                  mode: str):
@@ -41,42 +63,40 @@ class _Bundle:
         self.device = device
         path = L.kernels_dir() / spec
         if not (path / "manifest.json").is_file():
-            rule = spec.split("_", 1)[0]
-            have = sorted(p.name for p in L.kernels_dir().glob(rule + "_*")
-                          if (p / "manifest.json").is_file())
-            raise MissingBundleError(
-                f"flashopt: {owner} with {mode} needs the bundle '{spec}' "
-                f"(specs/{spec}.json), which is not in {L.kernels_dir()}: there is no such "
-                f"generated optimizer. Choose another master_weight_bits/quantize, or write "
-                f"specs/{spec}.json (docs/SPEC.md) and rebuild. Bundles of this rule: "
-                f"{', '.join(have) if have else 'none'}")
+            raise _missing(owner, spec, mode)
         self.path = path
-        dk = _device_key(device)
-        ctx = L.context(*dk)
+        self._lib = L.lib()
+        self.handle = None
         h = ctypes.c_void_p()
-        L.call("flashopt_optimizer_create", ctx, str(path).encode(), ctypes.byref(h))
+        self._call("flashopt_optimizer_create", L.context(*_device_key(device)),
+                   str(path).encode(), ctypes.byref(h))
         self.handle = h
         info = L.OptimizerInfo()
-        L.call("flashopt_optimizer_get_info", h, ctypes.byref(info))
+        self._call("flashopt_optimizer_get_info", h, ctypes.byref(info))
         self.info = info
         self.grad_dtype = _TORCH_OF[info.grad_dtype]
         self.grad_code = info.grad_dtype
         self.hyper_names = set()
         for i in range(info.num_hypers):
             s = ctypes.c_char_p()
-            L.call("flashopt_hyper_name", h, i, ctypes.byref(s))
+            self._call("flashopt_hyper_name", h, i, ctypes.byref(s))
             self.hyper_names.add(s.value.decode())
         self.num_groups = 1
         self.params: List[torch.Tensor] = []
+        self.names: List[str] = []  # each parameter's name in checkpoints
         self.global_ids: List[int] = []
         self.groups: List[int] = []
         self.grad_ptrs: List[int] = []
         self.hyper_cache: Dict[tuple, float] = {}
-        self._lib = L.lib()
+        self._stream = None  # the CUDA stream handle set with flashopt_set_stream
 
+    def _call(self, name: str, *args):
+        L.check(getattr(self._lib, name)(*args), name)
+
+    # ---- life --------------------------------------------------------------------
     def close(self):
-        if self.handle is not None and L._lib is not None:
-            L._lib.flashopt_optimizer_destroy(self.handle)
+        if self.handle is not None:
+            self._lib.flashopt_optimizer_destroy(self.handle)
             self.handle = None
 
     def __del__(self):
@@ -85,48 +105,172 @@ class _Bundle:
         except Exception:
             pass
 
+    # ---- groups and hyper-parameters -----------------------------------------------
     def ensure_groups(self, n: int):
         while self.num_groups < n:
             g = ctypes.c_int32()
-            L.call("flashopt_add_param_group", self.handle, ctypes.byref(g))
+            self._call("flashopt_add_param_group", self.handle, ctypes.byref(g))
             self.num_groups += 1
 
     def set_hyper(self, group: int, name: str, value: float):
+        """flashopt_set_hyper, only when the value changed."""
         key = (group, name)
         if self.hyper_cache.get(key) != value:
-            L.check(self._lib.flashopt_set_hyper(self.handle, group, name.encode(), value),
-                    "flashopt_set_hyper")
+            self._call("flashopt_set_hyper", self.handle, group, name.encode(), value)
             self.hyper_cache[key] = value
 
+    def get_hyper(self, group: int, name: str) -> float:
+        d = ctypes.c_double()
+        self._call("flashopt_get_hyper", self.handle, group, name.encode(), ctypes.byref(d))
+        return d.value
+
+    # ---- parameters and gradients ----------------------------------------------------
     def add(self, p: torch.Tensor, group: int, gid: int) -> int:
         self.ensure_groups(group + 1)
         idx = ctypes.c_int64()
-        L.call("flashopt_add_param", self.handle, group, f"p{gid}".encode(),
-               ctypes.c_void_p(p.data_ptr()), _DTYPES[p.dtype][0], p.numel(),
-               None, self.grad_code, ctypes.byref(idx))
+        name = f"p{gid}"
+        self._call("flashopt_add_param", self.handle, group, name.encode(),
+                   ctypes.c_void_p(p.data_ptr()), _DTYPES[p.dtype][0], p.numel(),
+                   None, self.grad_code, ctypes.byref(idx))
         self.params.append(p)
+        self.names.append(name)
         self.global_ids.append(gid)
         self.groups.append(group)
         self.grad_ptrs.append(0)
         return idx.value
 
+    def set_grads(self, idx: List[int], ptrs: List[int]):
+        """Re-points the gradients of parameters `idx` (one call for all)."""
+        if not idx:
+            return
+        n = len(idx)
+        self._call("flashopt_set_grads", self.handle, n, (ctypes.c_int64 * n)(*idx),
+                   (ctypes.c_void_p * n)(*ptrs), self.grad_code)
+        for i, p in zip(idx, ptrs):
+            self.grad_ptrs[i] = p
+
+    def set_grad(self, i: int, g: torch.Tensor):
+        ptr = g.data_ptr()
+        if ptr != self.grad_ptrs[i]:
+            self._call("flashopt_set_grad", self.handle, i, ctypes.c_void_p(ptr),
+                       self.grad_code, g.numel())
+            self.grad_ptrs[i] = ptr
+
+    # ---- stepping --------------------------------------------------------------------
+    def order_after(self, stream) -> bool:
+        """Orders this bundle's next launches after the work queued on `stream`
+        (torch.cuda.current_stream of the bundle's device; None on the CPU).
+        Returns whether the caller must synchronize() after stepping, so that
+        torch's later work on `stream` sees the step.
+
+        libflashopt launches on the legacy default stream unless told
+        otherwise: that is torch's default stream, so the common case needs
+        no synchronization at all. On a side stream, with a library that can
+        launch on it (flashopt_set_stream), the launches go there; otherwise
+        the stream is drained before and the step awaited after."""
+        if stream is None:
+            return False
+        handle = stream.cuda_stream
+        if L.has("flashopt_set_stream"):
+            if handle != self._stream:
+                self._call("flashopt_set_stream", self.handle, ctypes.c_void_p(handle))
+                self._stream = handle
+            return False
+        if handle == 0:
+            return False
+        stream.synchronize()
+        return True
+
+    def step(self):
+        """Steps every parameter (flashopt_step)."""
+        self._call("flashopt_step", self.handle)
+
+    def step_param(self, i: int):
+        self._call("flashopt_step_param", self.handle, i)
+
+    def synchronize(self):
+        self._call("flashopt_synchronize", self.handle)
+
     def get_step(self, index: int) -> int:
         t = ctypes.c_int64()
-        L.call("flashopt_get_step", self.handle, index, ctypes.byref(t))
+        self._call("flashopt_get_step", self.handle, index, ctypes.byref(t))
         return t.value
 
+    # ---- reports -----------------------------------------------------------------------
     def memory(self) -> L.MemoryReport:
         r = L.MemoryReport()
-        L.call("flashopt_memory_report_get", self.handle, ctypes.byref(r))
+        self._call("flashopt_memory_report_get", self.handle, ctypes.byref(r))
         return r
 
+    def check_numerics(self) -> L.NumericsReport:
+        """The report; raises NumericsError (with it) when the library flags a
+        parameter."""
+        r = L.NumericsReport()
+        st = self._lib.flashopt_check_numerics(self.handle, ctypes.byref(r))
+        if st == L.ERROR_NUMERICS:
+            raise L.NumericsError(st, L.last_error(), r)
+        L.check(st, "flashopt_check_numerics")
+        return r
+
+    # ---- master weights ------------------------------------------------------------------
+    def export_master(self, i: int) -> torch.Tensor:
+        """Parameter i's fp32 master weight, flat, in host memory."""
+        out = torch.empty(self.params[i].numel(), dtype=torch.float32)
+        self._call("flashopt_export_master_f32", self.handle, i,
+                   ctypes.c_void_p(out.data_ptr()), out.numel())
+        return out
+
+    def import_master(self, i: int, value: torch.Tensor):
+        v = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        n = self.params[i].numel()
+        if v.numel() != n:
+            raise ValueError(f"flashopt: import_master: {v.numel()} values for a parameter of "
+                             f"{n}")
+        self._call("flashopt_import_master_f32", self.handle, i,
+                   ctypes.c_void_p(v.data_ptr()), v.numel())
+
+    # ---- checkpoints ---------------------------------------------------------------------
     def save(self, path: str, fmt: int):
-        L.call("flashopt_save_checkpoint", self.handle, str(path).encode(), fmt)
+        self._call("flashopt_save_checkpoint", self.handle, str(path).encode(), fmt)
 
     def load(self, path: str):
-        L.call("flashopt_load_checkpoint", self.handle, str(path).encode())
+        self._call("flashopt_load_checkpoint", self.handle, str(path).encode())
+        self._after_load()
+
+    def _after_load(self):
         self.hyper_cache.clear()  # the checkpoint set them
         self.grad_ptrs = [0] * len(self.params)
+
+    # The one place that chooses between in-memory checkpoints (the C entry
+    # points flashopt_{save,load}_checkpoint_buffer, when the library has
+    # them) and a temporary file.
+    def checkpoint_bytes(self, fmt: int) -> bytes:
+        """A checkpoint of this bundle (safetensors bytes) in format `fmt`."""
+        if L.has("flashopt_save_checkpoint_buffer"):
+            data, size = ctypes.c_void_p(), ctypes.c_size_t()
+            self._call("flashopt_save_checkpoint_buffer", self.handle, fmt,
+                       ctypes.byref(data), ctypes.byref(size))
+            try:
+                return ctypes.string_at(data, size.value)
+            finally:
+                self._lib.flashopt_buffer_free(data)
+        with tempfile.TemporaryDirectory(prefix="flashopt-sd-") as tmp:
+            path = os.path.join(tmp, "bundle.safetensors")
+            self.save(path, fmt)
+            with open(path, "rb") as f:
+                return f.read()
+
+    def load_checkpoint_bytes(self, data: bytes):
+        """Loads checkpoint bytes (validated fully before anything changes)."""
+        if L.has("flashopt_load_checkpoint_buffer"):
+            self._call("flashopt_load_checkpoint_buffer", self.handle, data, len(data))
+            self._after_load()
+            return
+        with tempfile.TemporaryDirectory(prefix="flashopt-sd-") as tmp:
+            path = os.path.join(tmp, "bundle.safetensors")
+            with open(path, "wb") as f:
+                f.write(data)
+            self.load(path)
 
 
 def _is_dtensor(t) -> bool:

@@ -1,12 +1,16 @@
 """ctypes bindings of libflashopt's C ABI (runtime/include/flashopt/flashopt.h).
 
-Only this module knows the C ABI. The library is found, in this order, at
-$FLASHOPT_LIBRARY, next to this package (an installed copy: flashopt/lib/),
-in the source tree's build directory (<repo>/build/lib/libflashopt.so, the
-layout of scripts/build.sh), and by the dynamic loader (libflashopt.so on the
-library path). Bundles (flashopt-gen output, one directory per spec) are found
-at $FLASHOPT_KERNELS, next to this package (flashopt/kernels/), or in
-<repo>/build/kernels.
+Only this module and _bundle.py talk to C: this one loads the library, holds
+the signature table, names statuses and owns the per-device contexts;
+_bundle.py calls the optimizer's functions. tests/test_sigs.py checks the
+table against flashopt.h.
+
+The library is found, in this order, at $FLASHOPT_LIBRARY, inside this
+package (flashopt/lib/, where a wheel puts it), in the source tree's build
+directory (<repo>/build/lib/libflashopt.so, the layout of scripts/build.sh),
+and by the dynamic loader (libflashopt.so on the library path). Bundles
+(flashopt-gen output, one directory per spec) are found at $FLASHOPT_KERNELS,
+inside this package (flashopt/kernels/), or in <repo>/build/kernels.
 """
 
 from __future__ import annotations
@@ -19,16 +23,9 @@ from pathlib import Path
 
 ABI_VERSION = 2
 
-# flashopt_status
+# flashopt_status: only the codes the binding branches on. Names come from
+# the library (flashopt_status_name).
 OK = 0
-STATUS_NAMES = {
-    0: "FLASHOPT_OK", 1: "FLASHOPT_ERROR_INVALID_ARGUMENT", 2: "FLASHOPT_ERROR_INVALID_HANDLE",
-    3: "FLASHOPT_ERROR_DTYPE", 4: "FLASHOPT_ERROR_DEVICE", 5: "FLASHOPT_ERROR_SIZE",
-    6: "FLASHOPT_ERROR_NOT_FOUND", 7: "FLASHOPT_ERROR_ALREADY_EXISTS", 8: "FLASHOPT_ERROR_STATE",
-    9: "FLASHOPT_ERROR_FORMAT", 10: "FLASHOPT_ERROR_MISMATCH", 11: "FLASHOPT_ERROR_IO",
-    12: "FLASHOPT_ERROR_OUT_OF_MEMORY", 13: "FLASHOPT_ERROR_UNSUPPORTED",
-    14: "FLASHOPT_ERROR_NUMERICS", 15: "FLASHOPT_ERROR_CUDA", 16: "FLASHOPT_ERROR_INTERNAL",
-}
 ERROR_NUMERICS = 14
 
 # flashopt_dtype
@@ -40,13 +37,30 @@ CHECKPOINT_COMPRESSED, CHECKPOINT_F32 = 0, 1
 NONFINITE_PROPAGATE, NONFINITE_SKIP = 0, 1
 
 
+def status_name(status: int) -> str:
+    """"FLASHOPT_ERROR_DTYPE", ...: the library's name of a flashopt_status."""
+    try:
+        name = lib().flashopt_status_name(int(status))
+    except (OSError, ImportError):  # no library: still say something
+        name = None
+    return name.decode() if name else str(status)
+
+
 class FlashOptError(RuntimeError):
     """A libflashopt call failed; `status` is the flashopt_status name."""
 
     def __init__(self, status: int, message: str):
-        self.status = STATUS_NAMES.get(status, str(status))
+        self.status = status_name(status)
         self.code = status
         super().__init__(f"{message} [{self.status}]")
+
+
+class NumericsError(FlashOptError):
+    """check_numerics() found a parameter its lr cannot move (or NaN/Inf)."""
+
+    def __init__(self, code, message, report):
+        super().__init__(code, message)
+        self.report = report
 
 
 class OptimizerInfo(ctypes.Structure):
@@ -79,6 +93,13 @@ class NumericsReport(ctypes.Structure):
         ("max_abs", ctypes.c_double), ("lr", ctypes.c_double), ("min_lr", ctypes.c_double),
         ("nonfinite_params", ctypes.c_int64),
     ]
+
+
+# The C struct each ctypes struct mirrors (checked field by field against
+# flashopt.h by tests/test_sigs.py).
+STRUCTS = {"flashopt_optimizer_info": OptimizerInfo,
+           "flashopt_memory_report": MemoryReport,
+           "flashopt_numerics_report": NumericsReport}
 
 
 def _source_root() -> Path:
@@ -123,6 +144,8 @@ def kernels_dir() -> Path:
 _lib = None
 _lib_lock = threading.Lock()
 
+# The signature of every entry point the binding calls: name -> (restype,
+# argtypes). Handles and data pointers are c_void_p.
 _c = ctypes
 _vp = ctypes.c_void_p
 _SIGS = {
@@ -161,6 +184,19 @@ _SIGS = {
     "flashopt_load_checkpoint": (_c.c_int, [_vp, _c.c_char_p]),
 }
 
+# Entry points newer than ABI_VERSION 2's first release: bound when the
+# loaded library has them (`has(name)`), else the binding takes the older
+# way (_bundle.py says which).
+_OPTIONAL_SIGS = {
+    # In-memory checkpoints (the `runtime` branch): no temporary files.
+    "flashopt_save_checkpoint_buffer": (_c.c_int, [_vp, _c.c_int, _c.POINTER(_vp),
+                                                   _c.POINTER(_c.c_size_t)]),
+    "flashopt_load_checkpoint_buffer": (_c.c_int, [_vp, _vp, _c.c_size_t]),
+    "flashopt_buffer_free": (None, [_vp]),
+    # The CUDA stream an optimizer launches on (proposed; see docs/PYTHON.md).
+    "flashopt_set_stream": (_c.c_int, [_vp, _vp]),
+}
+
 
 def lib():
     """The loaded library (ctypes.CDLL), with argument types set."""
@@ -176,6 +212,11 @@ def lib():
                         raise ImportError(f"flashopt: {path} has no {name} (an older library?)")
                     fn.restype = res
                     fn.argtypes = args
+                for name, (res, args) in _OPTIONAL_SIGS.items():
+                    fn = getattr(handle, name, None)
+                    if fn is not None:
+                        fn.restype = res
+                        fn.argtypes = args
                 abi = handle.flashopt_abi_version()
                 if abi != ABI_VERSION:
                     raise ImportError(f"flashopt: {path} has ABI version {abi}, "
@@ -184,11 +225,19 @@ def lib():
     return _lib
 
 
+def has(name: str) -> bool:
+    """Whether the loaded library exports the optional entry point `name`."""
+    return name in _OPTIONAL_SIGS and hasattr(lib(), name)
+
+
+def last_error() -> str:
+    return lib().flashopt_last_error().decode("utf-8", "replace")
+
+
 def check(status: int, what: str = ""):
     """Raises FlashOptError for a failed call, with the library's message."""
     if status != OK:
-        msg = lib().flashopt_last_error().decode("utf-8", "replace")
-        raise FlashOptError(status, msg or what)
+        raise FlashOptError(status, last_error() or what)
 
 
 def call(name: str, *args):

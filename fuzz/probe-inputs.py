@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A black-box probe of flashopt's input handling (issue 12).
+"""A black-box probe of flashopt's input handling (ctest probe/inputs).
 
 Mutates real inputs -- the shipped specs, the built-in and example rule files,
 and checkpoints saved by a live optimizer -- the way careless or hostile users
@@ -20,7 +20,7 @@ parsers.
   refused  refused clearly (the counted success for invalid input)
   accepted accepted and harmless (a mutation that left the input valid)
 
-Usage: scripts/probe-inputs.py [--build build] [--count N] [--seed S]
+Usage: fuzz/probe-inputs.py [--build build] [--count N] [--seed S]
 Prints one line per failure and a summary table; exits 1 on any failure.
 """
 

@@ -1,0 +1,161 @@
+"""The checkpoint format as state_dict()/load_state_dict() see it.
+
+libflashopt writes and reads checkpoints (capi/Checkpoint.cpp, safetensors:
+docs/RUNTIME.md); this module is the only Python code that knows their
+layout: the tensor names ("<param>", "<param>.<state>", ...), the
+__metadata__ entries ("params" with each parameter's "step", "step",
+"checksums", "metadata_checksum") and how a torch.optim state dict becomes
+an fp32 checkpoint. tests/test_state.py pins what it relies on.
+
+A checkpoint crosses this module as bytes (_Bundle.checkpoint_bytes /
+load_checkpoint_bytes), never as a file.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+from . import _lib as L
+
+# The state dict's own entry for the exact compressed form, and its version.
+KEY = "flashopt"
+VERSION = 1
+
+
+# ---- safetensors bytes ----------------------------------------------------------------
+def read(data: bytes) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
+    """The tensors (copies) and __metadata__ of safetensors bytes."""
+    from safetensors.torch import load
+    (n,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(bytes(data[8:8 + n]))
+    meta = dict(header.get("__metadata__") or {})
+    tensors = {k: v.clone() for k, v in load(bytes(data)).items()}
+    return tensors, meta
+
+
+def write(tensors: Dict[str, torch.Tensor], metadata: Dict[str, str]) -> bytes:
+    from safetensors.torch import save
+    return save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
+
+
+def with_steps(meta: Dict[str, str], steps: Dict[str, int]) -> Dict[str, str]:
+    """The checkpoint metadata with per-parameter step counters replaced
+    (`steps`: parameter name -> step); "step" becomes the largest."""
+    m = dict(meta)
+    if "params" in m:
+        params = json.loads(m["params"])
+        for e in params:
+            if isinstance(e, dict) and e.get("name") in steps:
+                e["step"] = steps[e["name"]]
+        m["params"] = json.dumps(params)
+        if steps:
+            m["step"] = str(max(steps.values()))
+    return m
+
+
+def without_checksums(meta: Dict[str, str]) -> Dict[str, str]:
+    """Metadata for tensors the library did not write: its per-tensor
+    checksums no longer apply (a file without them loads), and the metadata
+    checksum covers entries that changed."""
+    m = dict(meta)
+    m.pop("checksums", None)
+    m.pop("metadata_checksum", None)
+    return m
+
+
+def param_states(tensors: Dict[str, torch.Tensor], name: str) -> Dict[str, torch.Tensor]:
+    """The fp32 states of parameter `name` in an F32 checkpoint: the tensors
+    "<name>.<state>" ("<name>" itself is the master weight)."""
+    prefix = name + "."
+    return {k[len(prefix):]: v for k, v in tensors.items()
+            if k.startswith(prefix) and "." not in k[len(prefix):]}
+
+
+# ---- state_dict -------------------------------------------------------------------------
+def _torch_groups(param_groups) -> Tuple[List[Dict[str, Any]], Dict[int, int]]:
+    """torch's param_groups layout (parameters as indices) and id(p) -> index."""
+    groups, ids = [], {}
+    for g in param_groups:
+        d = {k: v for k, v in g.items() if k != "params"}
+        d["params"] = []
+        for p in g["params"]:
+            ids[id(p)] = len(ids)
+            d["params"].append(ids[id(p)])
+        groups.append(d)
+    return groups, ids
+
+
+def state_dict(param_groups, bundles) -> Dict[str, Any]:
+    """torch's layout ({'state', 'param_groups'}) with fp32 states per
+    parameter index ('step', 'exp_avg', ...), plus KEY: the exact compressed
+    tensors and metadata of every bundle."""
+    groups, _ = _torch_groups(param_groups)
+    state: Dict[int, Dict[str, torch.Tensor]] = {}
+    exact = {}
+    for b in bundles:
+        tensors, meta = read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
+        exact[b.spec] = {"metadata": meta, "tensors": tensors}
+        f32, _ = read(b.checkpoint_bytes(L.CHECKPOINT_F32))
+        for i, p in enumerate(b.params):
+            st = {"step": torch.tensor(float(b.get_step(i)))}
+            for k, v in param_states(f32, b.names[i]).items():
+                st[k] = v.reshape(p.shape)
+            state[b.global_ids[i]] = st
+    return {"state": state, "param_groups": groups, KEY: {"version": VERSION, "bundles": exact}}
+
+
+def check_groups(param_groups, groups) -> None:
+    """torch's checks of a loaded state dict's param_groups."""
+    if len(groups) != len(param_groups):
+        raise ValueError("loaded state dict has a different number of parameter groups")
+    for mine, theirs in zip(param_groups, groups):
+        if len(mine["params"]) != len(theirs["params"]):
+            raise ValueError("loaded state dict contains a parameter group that doesn't "
+                             "match the size of optimizer's group")
+
+
+def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]) -> List[bytes]:
+    """One checkpoint per bundle from a state dict: its KEY entry (exact), or
+    without one the fp32 states of a torch.optim state dict of the same
+    parameters. Everything is built before the caller loads any."""
+    fo = sd.get(KEY)
+    out = []
+    for b in bundles:
+        if fo is not None:
+            if b.spec not in fo["bundles"]:
+                raise ValueError(f"flashopt: the state dict has no state for {b.spec} "
+                                 f"(it has {sorted(fo['bundles'])})")
+            e = fo["bundles"][b.spec]
+            out.append(write(e["tensors"], e["metadata"]))
+        else:
+            out.append(f32_checkpoint_from_torch_state(b, sd["state"]))
+    return out
+
+
+def f32_checkpoint_from_torch_state(b, state) -> bytes:
+    """Bundle b's F32 checkpoint with the states and steps of a torch.optim
+    state dict (keyed by parameter index) in place of its own."""
+    from ._bundle import _float
+    tensors, meta = read(b.checkpoint_bytes(L.CHECKPOINT_F32))
+    steps = {}
+    for i, gid in enumerate(b.global_ids):
+        st = state.get(gid, state.get(str(gid)))
+        if st is None:
+            continue
+        name = b.names[i]
+        for k, v in st.items():
+            if k == "step":
+                steps[name] = int(_float(v))
+                continue
+            key = f"{name}.{k}"
+            if key not in tensors:
+                raise KeyError(f"flashopt: {b.spec} has no state {k!r} (parameter {gid})")
+            tensors[key] = v.detach().to("cpu", torch.float32).reshape(-1).contiguous()
+    if steps:
+        meta = with_steps(meta, steps)
+    # The tensors are torch's now.
+    return write(tensors, without_checksums(meta))

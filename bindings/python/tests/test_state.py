@@ -1,0 +1,89 @@
+"""_state.py: what the binding assumes of libflashopt's checkpoint format
+(capi/Checkpoint.cpp), pinned against checkpoints the library writes."""
+
+import json
+
+import pytest
+import torch
+
+import flashopt
+from flashopt import _lib as L
+from flashopt import _state
+from helpers import grads_for, make_params
+
+
+def stepped(opt_cls=flashopt.FlashAdamW, dtype=torch.float32, steps=3, **kw):
+    ps = make_params(30, dtype)
+    opt = opt_cls(ps, lr=1e-2, **kw)
+    for s in range(steps):
+        for p, g in zip(ps, grads_for(s, ps)):
+            p.grad = g.to(p.dtype)
+        opt.step()
+    return opt, ps
+
+
+def test_safetensors_bytes_round_trip():
+    t = {"a": torch.arange(6, dtype=torch.int8).reshape(2, 3), "b": torch.ones(4)}
+    data = _state.write(t, {"k": "v"})
+    back, meta = _state.read(data)
+    assert meta == {"k": "v"}
+    assert set(back) == {"a", "b"} and all(torch.equal(back[k], t[k]) for k in t)
+
+
+def test_the_library_writes_what_state_py_reads():
+    opt, ps = stepped()
+    (b,) = opt._bundle_list()
+    f32, meta = _state.read(b.checkpoint_bytes(L.CHECKPOINT_F32))
+    # __metadata__: per-parameter records with name and step; the step; checksums.
+    params = json.loads(meta["params"])
+    assert [e["name"] for e in params] == b.names == [f"p{i}" for i in range(len(ps))]
+    assert all(e["step"] == 3 for e in params) and meta["step"] == "3"
+    assert set(json.loads(meta["checksums"])) == set(f32)
+    assert "metadata_checksum" in meta and meta["checkpoint"] == "f32"
+    # Tensors: "<param>" (the fp32 master) and "<param>.<state>".
+    assert set(_state.param_states(f32, "p0")) == {"exp_avg", "exp_avg_sq"}
+    assert f32["p0"].dtype == torch.float32 and f32["p0.exp_avg"].numel() == ps[0].numel()
+    exact, meta = _state.read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
+    assert meta["checkpoint"] == "compressed"
+    # The compressed form's ".codes"/".scales" are not fp32 states.
+    assert any(k.endswith(".codes") for k in exact)
+    assert _state.param_states(exact, "p0") == {}
+
+
+def test_rewritten_steps_load_and_stale_checksums_do_not():
+    opt, ps = stepped()
+    (b,) = opt._bundle_list()
+    tensors, meta = _state.read(b.checkpoint_bytes(L.CHECKPOINT_F32))
+    steps = {"p0": 7, "p2": 1}
+    m = _state.with_steps(meta, steps)
+    got = {e["name"]: e["step"] for e in json.loads(m["params"])}
+    assert got == {"p0": 7, "p1": 3, "p2": 1, "p3": 3} and m["step"] == "7"
+    # The library checks the metadata checksum: edited metadata needs it gone.
+    with pytest.raises(flashopt.FlashOptError, match="metadata_checksum|checksum"):
+        b.load_checkpoint_bytes(_state.write(tensors, m))
+    clean = _state.without_checksums(m)
+    assert "checksums" not in clean and "metadata_checksum" not in clean
+    b.load_checkpoint_bytes(_state.write(tensors, clean))
+    assert [b.get_step(i) for i in range(4)] == [7, 3, 1, 3]
+
+
+def test_changed_tensors_need_the_checksums_gone():
+    opt, ps = stepped(quantize=False)  # fp32 states load as they are
+    (b,) = opt._bundle_list()
+    tensors, meta = _state.read(b.checkpoint_bytes(L.CHECKPOINT_F32))
+    tensors["p1.exp_avg"] = tensors["p1.exp_avg"] + 1
+    with pytest.raises(flashopt.FlashOptError):
+        b.load_checkpoint_bytes(_state.write(tensors, meta))
+    b.load_checkpoint_bytes(_state.write(tensors, _state.without_checksums(meta)))
+    again, _ = _state.read(b.checkpoint_bytes(L.CHECKPOINT_F32))
+    assert torch.equal(again["p1.exp_avg"], tensors["p1.exp_avg"])
+
+
+def test_state_dict_layout():
+    opt, ps = stepped(flashopt.FlashSGD, momentum=0.9)
+    sd = opt.state_dict()
+    assert set(sd) == {"state", "param_groups", _state.KEY}
+    assert sd[_state.KEY]["version"] == _state.VERSION
+    assert set(sd["state"][0]) == {"step", "momentum_buffer"}
+    (entry,) = sd[_state.KEY]["bundles"].values()
+    assert set(entry) == {"metadata", "tensors"}
