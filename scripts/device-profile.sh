@@ -11,7 +11,7 @@
 #   bash scripts/device-profile.sh --experiments    # on the GPU machine:
 #     Adam at 4 lanes, 1e9    AdamW-24 (exact, fast) at 4 elements per thread and
 #                             64 registers, against the shipped 8 lanes at
-#                             .maxnreg 96 (gpu-bench-narrow.md)
+#                             .maxnreg 104 (gpu-bench-narrow.md)
 #     SGD/Lion at 16 lanes    SGD-24 and Lion-24 (exact, fast) at 16 elements per
 #                             thread and 96 registers, against the shipped 8 lanes
 #                             at 64 (gpu-bench-wide16.md)
@@ -75,7 +75,7 @@ if [[ "$1" == "--prepare" ]]; then
     exit 1
   fi
   # The Adam family at 4 elements per thread and 64 registers (the shape
-  # before 8 lanes at .maxnreg 96), so that the device times both shapes.
+  # before 8 lanes at .maxnreg 104), so that the device times both shapes.
   rm -rf "$DEPS/kernels-narrow"
   mkdir -p "$DEPS/kernels-narrow"
   for s in adamw_bf16_m24 adamw_bf16_m24_fast; do

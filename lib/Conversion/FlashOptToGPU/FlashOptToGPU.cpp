@@ -73,7 +73,7 @@ int64_t elementsPerThread(KernelOp kernel, int64_t bytes) {
 /// With a wide budget (flashopt-gpu-pipeline sets it per chip), a kernel over
 /// the 64-register budget keeps 16 bytes when W x heavy fits the wide budget,
 /// and gets `wideRegisters` instead of 64 (the Adam family: 8 elements per
-/// thread at up to 96 registers, 2 blocks of 256 per SM, the same 4096
+/// thread at up to 104 registers, 2 blocks of 256 per SM, the same 4096
 /// elements in flight per SM as 4 blocks at 4 elements; per-iteration work
 /// — the record, the table's buffer pointers, addresses, loop control — is
 /// shared by twice the elements: sm_90 AdamW-24 174.0 -> 155.8 SASS per
@@ -83,6 +83,9 @@ struct LaneChoice {
   /// Over the heavy budget, within the wide one: the wide register cap.
   bool wide = false;
 };
+/// Heavy operations per element from which a kernel takes the wide cap.
+constexpr int64_t kWideAtLeast = 5;
+
 LaneChoice chooseLanes(KernelOp kernel, int64_t heavyBudget,
                        int64_t wideBudget) {
   int64_t heavy = 0;
@@ -91,7 +94,13 @@ LaneChoice chooseLanes(KernelOp kernel, int64_t heavyBudget,
       ++heavy;
   });
   LaneChoice c;
-  if (elementsPerThread(kernel, c.bytes) * heavy <= heavyBudget)
+  // The Adam family (5 or more such operations per element) takes the wide
+  // cap even where W x heavy fits the budget: with f32 parameters (W = 4)
+  // it spilled 8-36 bytes at 64 registers (adamw_f32 with the bounded
+  // numerics' dither on sm_90; adam(w)_f32_fast on every chip).
+  bool adamFamily = heavy >= kWideAtLeast;
+  if (elementsPerThread(kernel, c.bytes) * heavy <= heavyBudget &&
+      !(adamFamily && wideBudget > 0))
     return c;
   if (elementsPerThread(kernel, c.bytes) * heavy <= wideBudget) {
     c.wide = true;
@@ -396,17 +405,21 @@ int64_t mlir::flashopt::gpuHeavyBudget(llvm::StringRef chip) {
 }
 
 int64_t mlir::flashopt::gpuWideBudget(llvm::StringRef chip) {
-  // ptxas 13 at .maxnreg 96, 8 elements per thread: every shipped Adam
-  // kernel (9 divisions and roots per element counted before CSE, 72) fits
-  // without spills on sm_80, sm_90 and sm_100 (87-96 registers), the
+  // ptxas 13 at .maxnreg 104 (gpuWideRegisters), 8 elements per thread:
+  // every shipped Adam kernel (9 divisions and roots per element counted
+  // before CSE, 72) fits without spills on sm_80, sm_90 and sm_100, the
   // accumulate-fused step included.
   (void)chip;
   return 72;
 }
 
 int64_t mlir::flashopt::gpuWideRegisters(llvm::StringRef chip) {
+  // 104, not 96: the bounded numerics' dither (docs/NUMERICS.md §8) keeps 8
+  // more values live through AdamW-24's two codes, which spilled 12-16
+  // bytes on sm_100 at 96. Occupancy is the same: 2 blocks of 256 per SM
+  // up to 128 registers (65536 per SM).
   (void)chip;
-  return 96;
+  return 104;
 }
 
 int64_t mlir::flashopt::gpuElementsPerThread(KernelOp kernel,

@@ -98,8 +98,9 @@ flashopt.optimizer @ecc param(#flashopt.master<bf16, correction = i8>) grad(bf16
 
 // -----
 
-// Companded 8-bit states: softsign inverse on decode, group absmax via
-// flashopt.group_max, 1e-12 floor, f16 scale, floor(x*N + 0.5) codes.
+// Companded 8-bit states in FlashOptim's numerics: softsign inverse on
+// decode, group absmax via flashopt.group_max, 1e-12 floor, f16 scale,
+// floor(x*N + 0.5) codes.
 // CHECK-LABEL: flashopt.kernel @quant
 // CHECK-SAME: #flashopt.buffer<"m.codes", i8, element, readwrite>, #flashopt.buffer<"m.scales", f16, group, readwrite>, #flashopt.buffer<"v.codes", ui8, element, readwrite>, #flashopt.buffer<"v.scales", bf16, group, readwrite>
 // CHECK: %[[MC:.*]] = flashopt.load_element 2 : i8
@@ -133,14 +134,56 @@ flashopt.optimizer @ecc param(#flashopt.master<bf16, correction = i8>) grad(bf16
 // CHECK: arith.fptoui {{.*}} : f32 to i8
 // CHECK: flashopt.store_group 5
 // CHECK: flashopt.store_element 4
-flashopt.optimizer @quant param(#flashopt.master<f32>) grad(f32) {
+flashopt.optimizer @quant param(#flashopt.master<f32>) grad(f32) attributes {flashopt.numerics = "flashoptim"} {
   flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
   flashopt.state "v" : #flashopt.quant<ui8, group = 32, compand = sqrt, scale = bf16>
   flashopt.update(%theta: f32, %g: f32, %m: f32, %v: f32) {
     %m1 = arith.addf %m, %g : f32
     %gg = arith.mulf %g, %g : f32
     %v1 = arith.addf %v, %gg : f32
-    flashopt.yield %theta, %m1, %v1 : f32, f32, f32
+    %b = flashopt.bound %theta, %g : f32
+    flashopt.yield %b, %m1, %v1 : f32, f32, f32
+  }
+}
+
+// -----
+
+// The bounded numerics (the default; docs/NUMERICS.md §8): one dither per
+// element (the step count added to the prologue when the rule has none),
+// shared by the codes in place of 0.5; a finite absmax saturates at the
+// scale type's largest value; flashopt.bound clamps to [-limit, limit].
+// CHECK-LABEL: flashopt.kernel @bounded
+// CHECK: %[[STEP:.*]] = flashopt.step_count : i64
+// CHECK: flashopt.group_body {
+// CHECK: %[[BN:.*]] = arith.negf %[[LIM:.*]] : f32
+// CHECK: %[[BMAX:.*]] = arith.maximumf %{{.*}}, %[[BN]] : f32
+// CHECK: %[[BMIN:.*]] = arith.minimumf %[[BMAX]], %[[LIM]] : f32
+// CHECK: arith.bitcast %[[BMIN]] : f32 to i32
+// CHECK: flashopt.store_element 0
+// CHECK: %[[U:.*]] = flashopt.dither %[[STEP]] {offset = 1.000000e+00 : f32} : f32
+// CHECK: %[[GM:.*]] = flashopt.group_max
+// CHECK: %[[A:.*]] = arith.maximumf %[[GM]], %{{.*}} : f32
+// CHECK: %[[INF:.*]] = arith.cmpf oeq, %[[A]], %{{.*}} : f32
+// CHECK: %[[SAT:.*]] = arith.minimumf %[[A]], %{{.*}} : f32
+// CHECK: %[[ST:.*]] = arith.select %[[INF]], %[[A]], %[[SAT]] : f32
+// CHECK: arith.truncf %[[ST]] : f32 to f16
+// CHECK: %[[H:.*]] = arith.addf %{{.*}}, %[[U]] : f32
+// CHECK: math.floor %[[H]] : f32
+// CHECK: math.sqrt
+// CHECK: flashopt.group_max
+// CHECK: arith.addf %{{.*}}, %[[U]] : f32
+// CHECK-NOT: flashopt.dither
+flashopt.optimizer @bounded param(#flashopt.master<f32>) grad(f32) {
+  %lim = arith.constant 2.000000e+00 : f32
+  flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
+  flashopt.state "v" : #flashopt.quant<ui8, group = 32, compand = sqrt, scale = f16>
+  flashopt.update(%theta: f32, %g: f32, %m: f32, %v: f32) {
+    %m1 = arith.addf %m, %g : f32
+    %gg = arith.mulf %g, %g : f32
+    %v1 = arith.addf %v, %gg : f32
+    %t1 = arith.subf %theta, %m1 : f32
+    %b = flashopt.bound %t1, %lim : f32
+    flashopt.yield %b, %m1, %v1 : f32, f32, f32
   }
 }
 
