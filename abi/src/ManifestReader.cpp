@@ -15,6 +15,8 @@
 #include "flashopt/abi/Files.h"
 #include "flashopt/abi/Manifest.h"
 
+#include "JsonFields.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -28,116 +30,18 @@
 
 namespace flashopt::abi {
 
-using json = nlohmann::json;
+using detail::describe;
+using detail::json;
+using detail::JsonFields;
+using detail::ManifestError;
+using detail::quote;
+using detail::typeName;
 
 namespace {
 
-/// Thrown inside the parser only; always caught in parse_manifest.
-struct ManifestError {
-  std::string message;
-};
-
-std::string quote(const std::string &s) { return "\"" + s + "\""; }
-
-std::string describe(const json &j) {
-  std::string s = j.dump();
-  if (s.size() > 60)
-    s = s.substr(0, 57) + "...";
-  return s;
-}
-
-std::string typeName(const json &j) {
-  return j.is_null() ? "null" : std::string(j.type_name());
-}
-
-class Parser {
+class Parser : public JsonFields {
 public:
-  explicit Parser(std::string origin) : origin_(std::move(origin)) {}
-
-  [[noreturn]] void fail(const std::string &field, const std::string &what) {
-    if (field.empty())
-      throw ManifestError{origin_ + ": " + what};
-    throw ManifestError{origin_ + ": field '" + field + "': " + what};
-  }
-
-  static std::string join(const std::string &path, const std::string &key) {
-    return path.empty() ? key : path + "." + key;
-  }
-  static std::string index(const std::string &path, size_t i) {
-    return path + "[" + std::to_string(i) + "]";
-  }
-
-  const json &member(const json &obj, const std::string &path,
-                     const std::string &key) {
-    auto it = obj.find(key);
-    if (it == obj.end())
-      fail(join(path, key), "missing");
-    return *it;
-  }
-
-  const json &object(const json &obj, const std::string &path,
-                     const std::string &key) {
-    const json &v = member(obj, path, key);
-    if (!v.is_object())
-      fail(join(path, key), "expected an object, got " + typeName(v));
-    return v;
-  }
-
-  const json &array(const json &obj, const std::string &path,
-                    const std::string &key) {
-    const json &v = member(obj, path, key);
-    if (!v.is_array())
-      fail(join(path, key), "expected an array, got " + typeName(v));
-    return v;
-  }
-
-  std::string string(const json &obj, const std::string &path,
-                     const std::string &key, bool nonEmpty = true) {
-    const json &v = member(obj, path, key);
-    if (!v.is_string())
-      fail(join(path, key),
-           "expected a string, got " + typeName(v) + " " + describe(v));
-    std::string s = v.get<std::string>();
-    if (nonEmpty && s.empty())
-      fail(join(path, key), "must not be empty");
-    return s;
-  }
-
-  int64_t integer(const json &obj, const std::string &path,
-                  const std::string &key) {
-    const json &v = member(obj, path, key);
-    if (!v.is_number_integer())
-      fail(join(path, key),
-           "expected an integer, got " + typeName(v) + " " + describe(v));
-    return v.get<int64_t>();
-  }
-
-  double number(const json &obj, const std::string &path,
-                const std::string &key) {
-    const json &v = member(obj, path, key);
-    if (!v.is_number())
-      fail(join(path, key),
-           "expected a number, got " + typeName(v) + " " + describe(v));
-    return v.get<double>();
-  }
-
-  DType dtype(const json &obj, const std::string &path, const std::string &key,
-              std::initializer_list<DType> allowed, const char *context) {
-    std::string s = string(obj, path, key);
-    std::optional<DType> t = parse_dtype(s);
-    bool ok =
-        t && std::find(allowed.begin(), allowed.end(), *t) != allowed.end();
-    if (!ok) {
-      std::string list;
-      for (DType a : allowed)
-        list += std::string(list.empty() ? "" : ", ") + dtype_name(a);
-      fail(join(path, key),
-           std::string("expected one of ") + list +
-               (context ? std::string(" (") + context + ")" : "") + ", got " +
-               quote(s));
-    }
-    return *t;
-  }
+  using JsonFields::JsonFields;
 
   Manifest parse(const json &root);
 
@@ -160,19 +64,6 @@ private:
   void parseKernels(const json &root, Manifest &m);
   KernelEntry parseKernel(const json &kernel, const std::string &p,
                           const Manifest &m);
-  /// Each element of array `key` of `obj`, which must be an object.
-  template <typename Fn>
-  void forEachObject(const json &obj, const std::string &key, Fn &&fn) {
-    const json &a = array(obj, "", key);
-    for (size_t i = 0; i < a.size(); ++i) {
-      std::string p = index(key, i);
-      if (!a[i].is_object())
-        fail(p, "expected an object, got " + typeName(a[i]));
-      fn(a[i], p, i);
-    }
-  }
-
-  std::string origin_;
 };
 
 /// A buffer as the messages show it: "name" (dtype, per ..., access).
