@@ -158,3 +158,25 @@ flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"p", f32, element, r
     }
   }
 }
+
+// -----
+
+flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>]) hypers([]) {
+  %t = flashopt.step_count : i64
+  flashopt.group_body {
+    // expected-error @+1 {{offset must be 1.0 (a dither in [0, 1)) or 1.5 (one in [-0.5, 0.5)), got 5.000000e-01}}
+    %u = flashopt.dither %t {offset = 0.5 : f32} : f32
+    flashopt.store_element 0, %u : f32
+  }
+}
+
+// -----
+
+flashopt.optimizer @a param(#flashopt.master<f32>) grad(f32) {
+  %t = flashopt.step_count : i64
+  flashopt.update(%theta: f32, %g: f32) {
+    // expected-error @+1 {{expects parent op 'flashopt.group_body'}}
+    %u = flashopt.dither %t {offset = 1.0 : f32} : f32
+    flashopt.yield %theta : f32
+  }
+}

@@ -64,3 +64,24 @@ func.func @f() {
   flashopt.state "m" : #flashopt.plain<f32>
   return
 }
+
+// -----
+
+// expected-error @+1 {{'flashopt.numerics' must be "bounded" or "flashoptim", got "fast"}}
+flashopt.optimizer @a param(#flashopt.master<f32>) grad(f32) attributes {flashopt.numerics = "fast"} {
+  flashopt.update(%theta: f32, %g: f32) {
+    flashopt.yield %theta : f32
+  }
+}
+
+// -----
+
+flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>]) hypers([]) {
+  %l = arith.constant 1.0 : f32
+  flashopt.group_body {
+    %p = flashopt.load_element 0 : f32
+    // expected-error @+1 {{expects parent op 'flashopt.update'}}
+    %b = flashopt.bound %p, %l : f32
+    flashopt.store_element 0, %b : f32
+  }
+}

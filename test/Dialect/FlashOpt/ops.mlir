@@ -49,6 +49,32 @@ flashopt.optimizer @fp16_i16 param(#flashopt.master<f16, correction = i16>) grad
   }
 }
 
+// The numerics attribute and the bound of the bounded numerics.
+// CHECK-LABEL: flashopt.optimizer @bounded_update
+// CHECK-SAME: attributes {flashopt.numerics = "flashoptim"}
+flashopt.optimizer @bounded_update param(#flashopt.master<f32>) grad(f32) attributes {flashopt.numerics = "flashoptim"} {
+  %lim = flashopt.hyper "lim" default(1.000000e-02) : f32
+  flashopt.update(%theta: f32, %g: f32) {
+    // CHECK: %[[B:.*]] = flashopt.bound %grad, %lim : f32
+    %b = flashopt.bound %g, %lim : f32
+    %n = arith.subf %theta, %b : f32
+    flashopt.yield %n : f32
+  }
+}
+
+// CHECK-LABEL: flashopt.kernel @dithered
+flashopt.kernel @dithered group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>]) hypers([]) {
+  %t = flashopt.step_count : i64
+  flashopt.group_body {
+    // CHECK: flashopt.dither %{{.*}} {offset = 1.000000e+00 : f32} : f32
+    %u = flashopt.dither %t {offset = 1.0 : f32} : f32
+    // CHECK: flashopt.dither %{{.*}} {offset = 1.500000e+00 : f32} : f32
+    %h = flashopt.dither %t {offset = 1.5 : f32} : f32
+    %s = arith.addf %u, %h : f32
+    flashopt.store_element 0, %s : f32
+  }
+}
+
 // CHECK-LABEL: flashopt.kernel @k group_size(32)
 // CHECK-SAME: buffers([#flashopt.buffer<"param", f32, element, readwrite>, #flashopt.buffer<"s.scales", f16, group, readwrite>, #flashopt.buffer<"grad", f32, element, read>])
 // CHECK-SAME: hypers(["lr"])
