@@ -1090,6 +1090,31 @@ TEST_CASE("errors: checkpoints") {
     CHECK(contains(lastError(), "adamw_bf16_m24"));
     flashopt_optimizer_destroy(other);
   }
+  // A checkpoint of the same rule in the other numerics (docs/NUMERICS.md
+  // §8): refused by name before anything else, nothing loaded.
+  {
+    flashopt_optimizer other = nullptr;
+    REQUIRE(flashopt_optimizer_create(
+                s.ctx, bundleDir(std::string(kSpec) + "_flashoptim").c_str(),
+                &other) == FLASHOPT_OK);
+    Buf p(200), g(200);
+    int64_t idx = -1;
+    REQUIRE(flashopt_add_param(other, 0, "w", p.data(), FLASHOPT_BF16, 100,
+                               g.data(), FLASHOPT_BF16, &idx) == FLASHOPT_OK);
+    std::string path = savePath("err-othernumerics");
+    saveOk(other, path);
+    CHECK(flashopt_load_checkpoint(s.opt, path.c_str()) ==
+          FLASHOPT_ERROR_MISMATCH);
+    CHECK(contains(lastError(), "written with the 'flashoptim' numerics"));
+    CHECK(contains(lastError(), "runs the 'bounded' numerics"));
+    CHECK(contains(lastError(), "nothing was loaded"));
+    // And the other way round.
+    CHECK(flashopt_load_checkpoint(other, good.c_str()) ==
+          FLASHOPT_ERROR_MISMATCH);
+    CHECK(contains(lastError(), "written with the 'bounded' numerics"));
+    CHECK(p == Buf(200));
+    flashopt_optimizer_destroy(other);
+  }
   // A checkpoint with another shape (same numel) and another size.
   {
     flashopt_optimizer other = nullptr;

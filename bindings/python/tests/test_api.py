@@ -181,18 +181,59 @@ def test_sparse_grad_is_refused_and_changes_nothing():
     assert all(b.get_step(i) == 1 for b in o._bundle_list() for i in range(len(b.params)))
 
 
-def test_missing_bundle_is_a_clear_error():
+def test_missing_bundle_is_a_clear_error(tmp_path, monkeypatch):
+    # Every combination the constructors accept ships (test_every_combination_
+    # has_a_bundle); a kernels directory without some (a custom build) is a
+    # clear error naming the spec, and a later group's changes nothing.
+    (tmp_path / "adamw_f32_f32states").symlink_to(flashopt._lib.kernels_dir() / "adamw_f32_f32states")
+    monkeypatch.setenv("FLASHOPT_KERNELS", str(tmp_path))
     p = [torch.zeros(8, dtype=torch.bfloat16, requires_grad=True)]
     with pytest.raises(flashopt.MissingBundleError, match="adam_bf16_m32_f32states"):
         flashopt.FlashAdam(p, master_weight_bits=32, quantize=False)
     with pytest.raises(flashopt.MissingBundleError, match="lion_f16_f32states"):
         flashopt.FlashLion([torch.zeros(8, dtype=torch.float16)], master_weight_bits=None,
                            quantize=False)
-    # In a later group: nothing added.
     o = flashopt.FlashAdamW([torch.zeros(8, requires_grad=True)], quantize=False)
-    with pytest.raises(flashopt.MissingBundleError, match="adamw_bf16_m24_f32states|adamw_f16"):
+    with pytest.raises(flashopt.MissingBundleError,
+                       match="adamw_f16_m24_f32states.*Bundles of this rule: adamw_f32_f32states"):
         o.add_param_group({"params": [torch.zeros(8, dtype=torch.float16)]})
     assert len(o.param_groups) == 1 and o.specs() == ["adamw_f32_f32states"]
+
+
+def test_every_combination_has_a_bundle():
+    """The constructors' whole matrix (issue 35): rule x parameter dtype x
+    master_weight_bits x quantize x arithmetic x numerics. Each accepted
+    combination builds its optimizer and takes one finite step that moves the
+    parameters; the rejected ones (FlashOptim numerics with the fast
+    arithmetic) are a ValueError."""
+    classes = {"sgd": flashopt.FlashSGD, "sgdw": flashopt.FlashSGDW, "adam": flashopt.FlashAdam,
+               "adamw": flashopt.FlashAdamW, "lion": flashopt.FlashLion}
+    seen = set()
+    for rule, cls in classes.items():
+        kw = {"momentum": 0.9} if rule.startswith("sgd") else {}
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for mwb in (None, 24, 32):
+                for quantize in (True, False):
+                    for arithmetic in ("exact", "fast"):
+                        for numerics in ("bounded", "flashoptim"):
+                            mode = dict(master_weight_bits=mwb, quantize=quantize,
+                                        arithmetic=arithmetic, numerics=numerics)
+                            p = torch.full((40,), 0.5, dtype=dtype, requires_grad=True)
+                            if numerics == "flashoptim" and arithmetic == "fast":
+                                with pytest.raises(ValueError, match="fast"):
+                                    cls([p], lr=1e-2, **kw, **mode)
+                                continue
+                            o = cls([p], lr=1e-2, **kw, **mode)
+                            p.grad = torch.linspace(-1, 1, 40).to(dtype)
+                            o.step()
+                            assert bool(torch.isfinite(p).all()), (rule, dtype, mode)
+                            assert not bool((p == 0.5).all()), (rule, dtype, mode)
+                            seen.update(o.specs())
+    shipped = {d.name for d in flashopt._lib.kernels_dir().iterdir()
+               if (d / "manifest.json").is_file()}
+    assert seen <= shipped
+    # Every spec of the matrix (specs/generate.py) is reached by some mode.
+    assert len(seen) == 189, sorted(shipped - seen)
 
 
 def test_bad_arguments():

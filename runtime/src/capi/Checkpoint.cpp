@@ -169,6 +169,7 @@ void saveCheckpoint(OptObj &o, const std::string &path,
       {"spec", m.name},
       {"spec_hash", m.spec_hash},
       {"rule", m.rule},
+      {"numerics", m.numerics},
       {"checkpoint", f32 ? "f32" : "compressed"},
       {"step", std::to_string(o.globalStep)},
       {"skipped_steps", std::to_string(o.skipped)},
@@ -273,6 +274,20 @@ void loadCheckpoint(OptObj &o, const std::string &path) {
     fail(FLASHOPT_ERROR_FORMAT,
          file + ": unsupported checkpoint format_version " +
              quote(metaOr("format_version")) + " (this library reads 1)");
+  // The state numerics (docs/NUMERICS.md §8) first: the clearest thing to
+  // say when a run moves between the bounded and the FlashOptim numerics.
+  // Files written before the key existed ran FlashOptim's numerics.
+  std::string numerics =
+      meta.count("numerics") ? metaOr("numerics") : std::string("flashoptim");
+  if (numerics != m.numerics)
+    fail(FLASHOPT_ERROR_MISMATCH,
+         file + ": checkpoint written with the " + quote(numerics) +
+             " numerics (spec " + quote(metaOr("spec")) +
+             "), but this optimizer runs the " + quote(m.numerics) +
+             " numerics (spec " + quote(m.name) +
+             "); nothing was loaded. Load it into an optimizer with the "
+             "same numerics, or move the run through its fp32 master "
+             "weights and states");
   if (metaOr("spec") != m.name || metaOr("spec_hash") != m.spec_hash)
     fail(FLASHOPT_ERROR_MISMATCH,
          file + ": checkpoint of spec " + quote(metaOr("spec")) + " (" +
