@@ -127,6 +127,15 @@ def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]) -> List[bytes]:
     for b in bundles:
         if fo is not None:
             if b.spec not in fo["bundles"]:
+                other = _other_numerics(b.spec, fo["bundles"])
+                if other is not None:
+                    theirs = "flashoptim" if other.endswith("_flashoptim") else "bounded"
+                    raise ValueError(
+                        f"flashopt: the state dict was written with numerics={theirs!r} "
+                        f"(bundle {other}), but this optimizer runs bundle {b.spec}; "
+                        f"nothing was loaded. Build the optimizer with numerics={theirs!r} "
+                        f"to resume the run bit for bit (docs/NUMERICS.md §8), or drop the "
+                        f"{KEY!r} entry to load only its fp32 states into these numerics")
                 raise ValueError(f"flashopt: the state dict has no state for {b.spec} "
                                  f"(it has {sorted(fo['bundles'])})")
             e = fo["bundles"][b.spec]
@@ -134,6 +143,13 @@ def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]) -> List[bytes]:
         else:
             out.append(f32_checkpoint_from_torch_state(b, sd["state"]))
     return out
+
+
+def _other_numerics(spec: str, have) -> "str | None":
+    """The bundle of `have` that is `spec` in the other numerics, if any."""
+    suffix = "_flashoptim"
+    other = spec[:-len(suffix)] if spec.endswith(suffix) else spec + suffix
+    return other if other in have else None
 
 
 def f32_checkpoint_from_torch_state(b, state) -> bytes:

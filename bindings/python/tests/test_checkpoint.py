@@ -164,3 +164,32 @@ def test_load_state_dict_errors_change_nothing():
     sd = opt.state_dict()
     for k, v in good["flashopt"]["bundles"][spec]["tensors"].items():
         assert torch.equal(sd["flashopt"]["bundles"][spec]["tensors"][k], v)
+
+
+def test_a_state_dict_of_the_other_numerics_is_refused_by_name():
+    """A run saved with numerics='flashoptim' does not resume in the bounded
+    numerics (nor the other way round): a clear error, nothing loaded. Its
+    fp32 states alone (without the exact entry) load as a conversion."""
+    ps = make_params(14)
+    bounded = flashopt.FlashAdamW(ps)
+    train(bounded, ps, 2)
+    before = bounded.state_dict()
+    qs = make_params(14)
+    fo = flashopt.FlashAdamW(qs, numerics="flashoptim")
+    train(fo, qs, 3)
+    theirs = fo.state_dict()
+    with pytest.raises(ValueError, match="written with numerics='flashoptim'.*nothing was loaded"):
+        bounded.load_state_dict(theirs)
+    with pytest.raises(ValueError, match="written with numerics='bounded'"):
+        fo.load_state_dict(before)
+    after = bounded.state_dict()
+    (spec,) = before["flashopt"]["bundles"]
+    for k, v in before["flashopt"]["bundles"][spec]["tensors"].items():
+        assert torch.equal(after["flashopt"]["bundles"][spec]["tensors"][k], v)
+    # The conversion the message offers: the fp32 states, re-encoded here.
+    bounded.load_state_dict({k: v for k, v in theirs.items() if k != "flashopt"})
+    mine = bounded.state_dict()["state"]
+    for i, st in theirs["state"].items():
+        assert float(mine[i]["step"]) == float(st["step"]) == 3.0
+        for k in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(mine[i][k], st[k], rtol=0.02, atol=1e-6)
