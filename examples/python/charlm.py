@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import math
 import sys
@@ -274,34 +275,58 @@ def torch_optimizer_bytes(model, opt):
     return {"params": pb / n, "correction": 0.0, "grads": pb / n, "states": sb / n}
 
 
-def flash_optimizer_bytes(opt):
-    m = opt.memory_report()
-    n = m["numel"]
-    return {"params": m["param_bytes"] / n, "correction": m["correction_bytes"] / n,
-            "grads": m["grad_bytes"] / n, "states": m["state_bytes"] / n}
+def flash_optimizer_bytes(opts):
+    ms = [o.memory_report() for o in opts]
+    n = sum(m["numel"] for m in ms)
+    return {part: sum(m[f"{key}_bytes"] for m in ms) / n
+            for part, key in (("params", "param"), ("correction", "correction"),
+                              ("grads", "grad"), ("states", "state"))}
 
 
-class NumericsUnsupported(RuntimeError):
-    pass
+class SetupError(RuntimeError):
+    """A flag combination this flashopt cannot run (printed, exit status 2)."""
 
 
-def make_flash_optimizer(groups, lr, betas, *, master_weight_bits, quantize, arithmetic,
-                         numerics=None):
-    kw = dict(lr=lr, betas=betas, master_weight_bits=master_weight_bits, quantize=quantize,
-              arithmetic=arithmetic)
+def takes_numerics(cls):
+    """Whether cls's constructor has a numerics= parameter of its own (the
+    binding's constructors pass unknown keywords on as group defaults, so a
+    keyword it does not know would be accepted and ignored)."""
+    return any("numerics" in inspect.signature(k.__init__).parameters
+               for k in cls.__mro__ if "__init__" in vars(k))
+
+
+def make_flash_optimizers(model, weight_decay, lr, betas, *, master_weight_bits, quantize,
+                          arithmetic, numerics=None):
+    """FlashAdamW over the model's parameters. There is no fast-arithmetic fp32
+    bundle: with --arithmetic fast, the fp32 parameters a bf16 model keeps (its
+    LayerNorms) get a second FlashAdamW with exact arithmetic."""
+    kw = dict(lr=lr, betas=betas, master_weight_bits=master_weight_bits, quantize=quantize)
     if numerics is not None:
+        if not takes_numerics(flashopt.FlashAdamW):
+            raise SetupError("this flashopt binding's FlashAdamW does not take numerics= yet; "
+                             "run without --numerics")
         kw["numerics"] = numerics
-    try:
-        return flashopt.FlashAdamW(groups, **kw)
-    except TypeError as e:
-        if numerics is not None and "numerics" in str(e):
-            raise NumericsUnsupported(
-                f"this flashopt binding's FlashAdamW does not take numerics= yet "
-                f"({e}); run without --numerics") from e
-        raise
+    params = list(model.parameters())
+    parts = [(params, arithmetic)]
+    if arithmetic == "fast":
+        low = [p for p in params if p.dtype != torch.float32]
+        f32 = [p for p in params if p.dtype == torch.float32]
+        if low and f32:
+            parts = [(low, "fast"), (f32, "exact")]
+    opts = []
+    for ps, ar in parts:
+        ids = {id(p) for p in ps}
+        groups = [dict(g, params=[p for p in g["params"] if id(p) in ids])
+                  for g in param_groups(model, weight_decay)]
+        try:
+            opts.append(flashopt.FlashAdamW([g for g in groups if g["params"]], arithmetic=ar,
+                                            **kw))
+        except flashopt.MissingBundleError as e:
+            raise SetupError(str(e)) from e
+    return opts
 
 
-def train(steps=1000, batch=16, seq=128, layers=3, dim=96, heads=4, lr=3e-3, warmup=None,
+def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warmup=None,
           min_lr_ratio=0.1, weight_decay=0.1, betas=(0.9, 0.95), clip=1.0, seed=0,
           eval_every=100, val_batches=16, tied=True, corpus_bytes=4_000_000, min_char_count=1,
           flash_dtype="bf16", compute="fp32", arithmetic="exact", master_weight_bits=24,
@@ -332,14 +357,15 @@ def train(steps=1000, batch=16, seq=128, layers=3, dim=96, heads=4, lr=3e-3, war
     torch_model.load_state_dict(base.state_dict())
     runs = {"flashopt": flash_model, "torch": torch_model}
     opts = {
-        "flashopt": make_flash_optimizer(param_groups(flash_model, weight_decay), lr, betas,
-                                         master_weight_bits=master_weight_bits,
-                                         quantize=quantize, arithmetic=arithmetic,
-                                         numerics=numerics),
-        "torch": torch.optim.AdamW(param_groups(torch_model, weight_decay), lr=lr, betas=betas),
+        "flashopt": make_flash_optimizers(flash_model, weight_decay, lr, betas,
+                                          master_weight_bits=master_weight_bits,
+                                          quantize=quantize, arithmetic=arithmetic,
+                                          numerics=numerics),
+        "torch": [torch.optim.AdamW(param_groups(torch_model, weight_decay), lr=lr,
+                                    betas=betas)],
     }
-    scheds = {k: torch.optim.lr_scheduler.LambdaLR(o, lr_lambda(steps, warmup, min_lr_ratio))
-              for k, o in opts.items()}
+    scheds = {k: [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda(steps, warmup, min_lr_ratio))
+                  for o in os] for k, os in opts.items()}
 
     g = torch.Generator().manual_seed(seed + 1)
     starts = batch_starts(len(train_ids), seq, steps, batch, g)
@@ -371,11 +397,11 @@ def train(steps=1000, batch=16, seq=128, layers=3, dim=96, heads=4, lr=3e-3, war
             pass
     for s in it:
         xb, yb = windows(train_ids, starts[s], seq)
-        lrs.append(opts["torch"].param_groups[0]["lr"])
+        lrs.append(opts["torch"][0].param_groups[0]["lr"])
         for k, model in runs.items():
-            opt = opts[k]
             t0 = time.perf_counter()
-            opt.zero_grad()
+            for o in opts[k]:
+                o.zero_grad()
             logits = model(xb).float()
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1))
             loss.backward()
@@ -385,9 +411,11 @@ def train(steps=1000, batch=16, seq=128, layers=3, dim=96, heads=4, lr=3e-3, war
                 gn = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in model.parameters()
                                     if p.grad is not None))
             t1 = time.perf_counter()
-            opt.step()
+            for o in opts[k]:
+                o.step()
             t2 = time.perf_counter()
-            scheds[k].step()
+            for sc in scheds[k]:
+                sc.step()
             opt_time[k] += t2 - t1
             step_time[k] += t2 - t0
             losses[k].append(loss.item())
@@ -416,13 +444,13 @@ def train(steps=1000, batch=16, seq=128, layers=3, dim=96, heads=4, lr=3e-3, war
                        unknown_val_chars=int((val_ids == 0).sum())),
         "unigram_entropy": {"train": h_train, "val": h_val},
         "numel": numel,
-        "specs": opts["flashopt"].specs(),
+        "specs": [sp for o in opts["flashopt"] for sp in o.specs()],
         "losses": losses, "grad_norms": grad_norms, "lr": lrs,
         "val": {"steps": eval_steps, **val},
         "opt_step_ms": {k: 1e3 * v / steps for k, v in opt_time.items()},
         "train_step_ms": {k: 1e3 * v / steps for k, v in step_time.items()},
         "memory": {"flashopt": flash_optimizer_bytes(opts["flashopt"]),
-                   "torch": torch_optimizer_bytes(torch_model, opts["torch"])},
+                   "torch": torch_optimizer_bytes(torch_model, opts["torch"][0])},
         "final": {},
     }
     for k in runs:
@@ -474,8 +502,8 @@ def table(res) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--dim", type=int, default=96)
     ap.add_argument("--heads", type=int, default=4)
@@ -527,7 +555,7 @@ def main(argv=None):
                     else int(args.master_weight_bits),
                     quantize=not args.no_quantize, numerics=args.numerics,
                     progress=not args.no_progress)
-    except NumericsUnsupported as e:
+    except SetupError as e:
         print(f"charlm: {e}", file=sys.stderr)
         return 2
     res["wall_s"] = time.perf_counter() - t0
