@@ -4,10 +4,10 @@ Python standard library's own source (real text that ships with Python: no
 download).
 
 The corpus is the .py files under sysconfig.get_paths()["stdlib"], sorted by
-path and concatenated (test/ directories and site-packages skipped), capped at
---corpus-bytes. The last 10 % is the validation text; the character vocabulary
-is the training text's (characters seen fewer than --min-char-count times, and
-every character only in the validation text, map to one unknown id).
+path and concatenated (test/ directories, site-packages and generated tables
+skipped), capped at --corpus-bytes. The last 10 % is the validation text; the
+character vocabulary is the training text's (a character not in it maps to one
+unknown id).
 
 The model is decoder-only: token + position embeddings, --layers pre-norm
 blocks (causal self-attention, GELU MLP), a final LayerNorm and an output head
@@ -123,7 +123,7 @@ class Vocab:
 def unigram_entropy(train_ids, val_ids, vocab_size):
     """Cross-entropy (nats/char) of the training text's character frequencies:
     on the training text (its entropy) and on the validation text (add-one
-    smoothed). A model that ignores context cannot do better."""
+    smoothed): what a model that ignores context gets."""
     counts = torch.bincount(train_ids, minlength=vocab_size).double()
     p = counts / counts.sum()
     h_train = -(p[p > 0] * p[p > 0].log()).sum().item()
@@ -365,7 +365,7 @@ def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warm
                                     betas=betas)],
     }
     scheds = {k: [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda(steps, warmup, min_lr_ratio))
-                  for o in os] for k, os in opts.items()}
+                  for o in olist] for k, olist in opts.items()}
 
     g = torch.Generator().manual_seed(seed + 1)
     starts = batch_starts(len(train_ids), seq, steps, batch, g)
