@@ -455,7 +455,7 @@ flashopt_status flashopt_get_param_info(flashopt_optimizer opt, int64_t index,
     i.group = p.group;
     i.ndim = int32_t(p.shape.size());
     i.shape = p.shape.data();
-    i.step = p.step;
+    i.step = o->trainer->tensor_step(index);
     *out = i;
   });
 }

@@ -128,7 +128,7 @@ Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
         Expected<int64_t> off = I.backend->reserve(
             b, I.m->buffers[b].per == Per::Group ? ti.num_groups : numel);
         if (!off)
-          return Status::error("add_param: " + off.error());
+          return off.status().prefixed("add_param: ");
         offs[b] = *off;
       }
     I.tensors.push_back(ti);
@@ -139,7 +139,8 @@ Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
     I.refresh();
     return int64_t(I.tensors.size() - 1);
   } catch (const std::bad_alloc &) {
-    return Status::error("add_param: out of memory registering a tensor of " +
+    return Status::error(Code::OutOfMemory,
+                         "add_param: out of memory registering a tensor of " +
                          std::to_string(numel) + " elements");
   } catch (const std::exception &e) {
     return Status::error(std::string("add_param: ") + e.what());

@@ -30,7 +30,7 @@ namespace flashopt::host {
 /// more: a thread pool of 100000 threads only thrashes the machine).
 inline constexpr int kMaxCpuThreads = 1024;
 
-struct OptimizerOptions {
+struct CpuOptimizerOptions {
   /// Threads taking part in a step (the calling thread included); 0 means
   /// std::thread::hardware_concurrency(); at most kMaxCpuThreads.
   int threads = 0;
@@ -62,14 +62,17 @@ public:
   /// An optimizer over a loaded bundle. It starts with one param group
   /// (slot 0) holding the manifest's defaults.
   static Expected<std::unique_ptr<CpuOptimizer>>
-  create(std::shared_ptr<Bundle> bundle, const OptimizerOptions &opts = {});
+  create(std::shared_ptr<CpuBundle> bundle, const CpuOptimizerOptions &opts = {});
   /// Loads `bundle_dir` and creates an optimizer over it.
   static Expected<std::unique_ptr<CpuOptimizer>>
-  create(const std::string &bundle_dir, const LoadOptions &load = {},
-         const OptimizerOptions &opts = {});
+  create(const std::string &bundle_dir, const CpuLoadOptions &load = {},
+         const CpuOptimizerOptions &opts = {});
   ~CpuOptimizer() override;
 
-  const Bundle &bundle() const;
+  /// The same bundle, threads and chunking (Optimizer::create_sibling).
+  Expected<std::unique_ptr<Optimizer>> create_sibling() const override;
+
+  const CpuBundle &bundle() const;
 
   /// Threads taking part in a step.
   int threads() const;
