@@ -1,4 +1,4 @@
-//===- Bundles.cpp - Optimizers from bundle directories and embedded bundles --===//
+//===- Bundles.cpp - Optimizers from bundle directories and embedded ones -===//
 //
 // Part of flashopt.
 //

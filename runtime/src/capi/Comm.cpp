@@ -1,14 +1,14 @@
-//===- Comm.cpp - Communicators and data parallelism in the C ABI
-//----------===//
+//===- Comm.cpp - Communicators and data parallelism in the C ABI ---------===//
 //
 // Part of flashopt.
 //
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// flashopt_comm handles over an engine's backend table, and attaching one
-/// to an optimizer (dist/DataParallel.h: layout check, rank 0's state
-/// everywhere, gradient buckets).
+/// flashopt_comm handles over an engine's backend table, attaching one to an
+/// optimizer and reducing buckets early (train::Trainer over
+/// dist/DataParallel.h: layout check, rank 0's state everywhere, gradient
+/// buckets).
 ///
 //===----------------------------------------------------------------------===//
 

@@ -1,4 +1,4 @@
-//===- DLPack.cpp - DLPack tensors in the C ABI ----------------------------===//
+//===- DLPack.cpp - DLPack tensors in the C ABI ---------------------------===//
 //
 // Part of flashopt.
 //

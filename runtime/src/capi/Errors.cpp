@@ -1,5 +1,4 @@
-//===- Errors.cpp - How the C ABI reports failure
-//--------------------------===//
+//===- Errors.cpp - How the C ABI reports failure -------------------------===//
 //
 // Part of flashopt.
 //
@@ -46,9 +45,7 @@ void fail(flashopt_status s, std::string message) {
   static_assert(int(abi::Code::code) == int(status), #code " is " #status);
 FLASHOPT_SAME_CODE(Ok, FLASHOPT_OK)
 FLASHOPT_SAME_CODE(InvalidArgument, FLASHOPT_ERROR_INVALID_ARGUMENT)
-FLASHOPT_SAME_CODE(NotFound, FLASHOPT_ERROR_NOT_FOUND)
 FLASHOPT_SAME_CODE(State, FLASHOPT_ERROR_STATE)
-FLASHOPT_SAME_CODE(Format, FLASHOPT_ERROR_FORMAT)
 FLASHOPT_SAME_CODE(Mismatch, FLASHOPT_ERROR_MISMATCH)
 FLASHOPT_SAME_CODE(Io, FLASHOPT_ERROR_IO)
 FLASHOPT_SAME_CODE(OutOfMemory, FLASHOPT_ERROR_OUT_OF_MEMORY)

@@ -1,5 +1,4 @@
-//===- Errors.h - How the C ABI reports failure ----------------------------*-
-//C++ -*-===//
+//===- Errors.h - How the C ABI reports failure -----------------*- C++ -*-===//
 //
 // Part of flashopt.
 //

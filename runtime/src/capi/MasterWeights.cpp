@@ -1,4 +1,4 @@
-//===- MasterWeights.cpp - fp32 master weights in and out ------------------===//
+//===- MasterWeights.cpp - fp32 master weights in and out -----------------===//
 //
 // Part of flashopt.
 //

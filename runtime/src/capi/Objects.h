@@ -1,5 +1,4 @@
-//===- Objects.h - The objects behind the C ABI's handles ------------------*-
-//C++ -*-===//
+//===- Objects.h - The objects behind the C ABI's handles -------*- C++ -*-===//
 //
 // Part of flashopt.
 //

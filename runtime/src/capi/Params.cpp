@@ -1,4 +1,4 @@
-//===- Params.cpp - Registering parameters and gradients -------------------===//
+//===- Params.cpp - Registering parameters and gradients ------------------===//
 //
 // Part of flashopt.
 //

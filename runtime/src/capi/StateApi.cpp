@@ -1,4 +1,4 @@
-//===- StateApi.cpp - The C ABI: master weights, numerics, checkpoints -----===//
+//===- StateApi.cpp - The C ABI: master weights, numerics, checkpoints ----===//
 //
 // Part of flashopt.
 //
@@ -6,7 +6,8 @@
 ///
 /// \file
 /// fp32 master weights in and out, check_numerics (numerics.md §4.3), and
-/// checkpoint save/load (capi/Checkpoint.cpp does the work).
+/// checkpoint save/load to files or buffers (capi/Checkpoint.cpp and
+/// capi/CheckpointLoad.cpp do the work).
 ///
 //===----------------------------------------------------------------------===//
 
@@ -41,8 +42,7 @@ void checkFormat(flashopt_checkpoint_format format) {
 
 extern "C" {
 
-// ---- master weights and numerics
-// ---------------------------------------------------
+// ---- master weights and numerics -------------------------------------------
 
 namespace {
 /// Fails unless `index` is a parameter of `numel` elements.
@@ -153,8 +153,7 @@ flashopt_status flashopt_check_numerics(flashopt_optimizer opt,
   });
 }
 
-// ---- checkpoints
-// ----------------------------------------------------------------------
+// ---- checkpoints -----------------------------------------------------------
 
 flashopt_status flashopt_save_checkpoint(flashopt_optimizer opt,
                                          const char *path,

@@ -1,4 +1,4 @@
-//===- StepApi.cpp - The C ABI: stepping -----------------------------------===//
+//===- StepApi.cpp - The C ABI: stepping ----------------------------------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- Optimizer.cpp - The backend-free optimizer core
-//---------------------===//
+//===- Optimizer.cpp - The backend-free optimizer core --------------------===//
 //
 // Part of flashopt.
 //
@@ -70,8 +69,7 @@ const Manifest &Optimizer::manifest() const { return *impl_->m; }
 Backend &Optimizer::backend() { return *impl_->backend; }
 const Backend &Optimizer::backend() const { return *impl_->backend; }
 
-// ---- param groups
-// -------------------------------------------------------------
+// ---- param groups ----------------------------------------------------------
 
 int Optimizer::add_param_group() { return impl_->hypers->add_slot(); }
 int Optimizer::num_param_groups() const { return impl_->hypers->num_slots(); }
@@ -89,8 +87,7 @@ const std::vector<float> &Optimizer::hyper_table() const {
 }
 const HyperTable &Optimizer::hypers() const { return *impl_->hypers; }
 
-// ---- tensors
-// ------------------------------------------------------------------
+// ---- tensors ---------------------------------------------------------------
 
 Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
                                        void *grad) {
@@ -263,8 +260,7 @@ Status Optimizer::write_buffer(int64_t tensor, std::string_view name,
   return impl_->backend->write(v->data, data, bytes);
 }
 
-// ---- stepping
-// -----------------------------------------------------------------
+// ---- stepping --------------------------------------------------------------
 
 Status Optimizer::step() {
   Impl &I = *impl_;

@@ -1,5 +1,4 @@
-//===- Tables.cpp - Hyper tables, tensor records, bytes reports
-//------------===//
+//===- Tables.cpp - Hyper tables, tensor records, bytes reports -----------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- CpuBackend.cpp - The optimizer on the host CPU
-//----------------------===//
+//===- CpuBackend.cpp - The optimizer on the host CPU ---------------------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- CpuBundle.cpp - Loading a bundle's CPU kernel
-//-----------------------===//
+//===- CpuBundle.cpp - Loading a bundle's CPU kernel ----------------------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- CudaBackend.cpp - The optimizer on a CUDA device
-//--------------------===//
+//===- CudaBackend.cpp - The optimizer on a CUDA device -------------------===//
 //
 // Part of flashopt.
 //

@@ -1,4 +1,4 @@
-//===- Safetensors.cpp - safetensors files ----------------------------------===//
+//===- Safetensors.cpp - safetensors files --------------------------------===//
 //
 // Part of flashopt.
 //

@@ -1,4 +1,4 @@
-//===- Writer.cpp - Atomic safetensors writing ------------------------------===//
+//===- Writer.cpp - Atomic safetensors writing ----------------------------===//
 //
 // Part of flashopt.
 //

@@ -198,6 +198,12 @@ Status Trainer::set_accumulation_normalizer(double normalizer) {
 
 Status Trainer::checkReady(const std::vector<int64_t> &idx) {
   for (int64_t i : idx)
+    if (i < 0 || i >= opt_.num_tensors())
+      return Status::error(Code::InvalidArgument,
+                           "tensor " + std::to_string(i) +
+                               " does not exist (there are " +
+                               std::to_string(opt_.num_tensors()) + ")");
+  for (int64_t i : idx)
     if (!opt_.tensor(i).grad)
       return Status::error(Code::State,
                            name(i) + " has no gradient (flashopt_add_param "
@@ -471,6 +477,8 @@ uint64_t Trainer::hyperHash() const {
 
 Status Trainer::step_tensor(int64_t i) {
   sync();
+  if (i < 0 || i >= opt_.num_tensors())
+    return checkReady({i}); // the error naming the index
   const std::string why = name(i) + ": gradient release is not possible with ";
   if (accumulation_pending())
     return Status::error(Code::State,

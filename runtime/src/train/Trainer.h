@@ -158,8 +158,8 @@ private:
   void sync();
   std::vector<int64_t> allTensors() const;
   std::string name(int64_t i) const;
-  /// State unless tensors `idx` have gradients and the hyper table is
-  /// complete.
+  /// InvalidArgument for an index out of range; State unless tensors `idx`
+  /// have gradients and the hyper table is complete.
   Status checkReady(const std::vector<int64_t> &idx);
   /// Unsupported without an accumulator; State after a bucket reduction.
   Status checkCanAccumulate() const;

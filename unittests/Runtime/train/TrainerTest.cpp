@@ -492,3 +492,20 @@ TEST_CASE("trainer: ranks that disagree are a MISMATCH before anything "
                            0) == 0);
   CHECK(tc2.data_parallel() == nullptr);
 }
+
+TEST_CASE("trainer: an index out of range is INVALID_ARGUMENT") {
+  auto a = load(shipped("sgd_f32"));
+  Tensors ta(13);
+  ta.add(*a);
+  Trainer t(*a);
+  CHECK(t.step_tensor(3).code() == host::Code::InvalidArgument);
+  CHECK(t.step_tensor(-1).code() == host::Code::InvalidArgument);
+  auto b = load(accumulating("sgd_f32_acc_f32"));
+  Tensors tb(13);
+  tb.add(*b);
+  Trainer tt(*b);
+  host::Status s = tt.accumulate({0, 7});
+  CHECK(s.code() == host::Code::InvalidArgument);
+  CHECK(s.message() == "tensor 7 does not exist (there are 3)");
+  CHECK(!tt.accumulation_pending());
+}

@@ -27,9 +27,9 @@
 
 namespace flashopt::abi {
 
-/// What kind of failure a Status reports. The values are those of the C
-/// ABI's `flashopt_status` (flashopt.h) of the same name; the C ABI checks
-/// that they agree.
+/// What kind of failure a Status reports: the kinds the library's own code
+/// tells apart. The values are those of the C ABI's `flashopt_status`
+/// (flashopt.h) of the same name; the C ABI checks that they agree.
 enum class Code : int {
   /// No code: the caller knows best (the entry point's device, format or
   /// communication error). What Status::error(message) makes.
@@ -37,13 +37,9 @@ enum class Code : int {
   Ok = 0,
   /// A value out of range, a bad enum.
   InvalidArgument = 1,
-  /// An unknown name or a missing file.
-  NotFound = 6,
   /// The call is not valid now (a missing gradient, a hyper-parameter that
   /// was never set, a bucket reduced twice).
   State = 8,
-  /// A bad bundle, manifest or file (content, not I/O).
-  Format = 9,
   /// Two things that must agree do not (ranks' layouts or steps).
   Mismatch = 10,
   /// Opening or reading a file failed.

@@ -77,7 +77,8 @@ public:
   /// Threads taking part in a step.
   int threads() const;
   /// Resizes the thread pool (0 = hardware concurrency; more than
-  /// kMaxCpuThreads or fewer than 0 is an error). On failure to start threads, steps run on the calling thread and an error is returned.
+  /// kMaxCpuThreads or fewer than 0 is an error). On failure to start
+  /// threads, steps run on the calling thread and an error is returned.
   Status set_threads(int threads);
   /// The chunks the next step() will use.
   std::vector<Chunk> plan_chunks() const;

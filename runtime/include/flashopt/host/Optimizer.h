@@ -167,8 +167,7 @@ public:
   /// Whether release_state() was called.
   bool state_released() const;
 
-  // ---- memory
-  // ----------------------------------------------------------------
+  // ---- memory -------------------------------------------------------------
   BytesReport bytes() const;
 
 protected:
