@@ -1,4 +1,4 @@
-//===- Files.cpp - Reading input files safely ------------------------------===//
+//===- Files.cpp - Reading input files safely -----------------------------===//
 //
 // Part of flashopt.
 //
@@ -69,8 +69,8 @@ FileError read_regular_file(const std::string &path, uint64_t max_bytes,
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    reason = std::string("is ") + file_kind(st.st_mode) +
-             ", not a regular file";
+    reason =
+        std::string("is ") + file_kind(st.st_mode) + ", not a regular file";
     return FileError::NotRegular;
   }
   if (uint64_t(st.st_size) > max_bytes) {

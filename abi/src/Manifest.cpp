@@ -113,8 +113,8 @@ std::vector<BufferSpec> implied_buffers(const Manifest &m) {
                    BufferRole::Correction});
   out.push_back({"grad", m.grad, Per::Element, false, BufferRole::Grad});
   if (m.accumulator) {
-    out.push_back({"accum", m.accumulator->dtype, Per::Element, true,
-                   BufferRole::Accum});
+    out.push_back(
+        {"accum", m.accumulator->dtype, Per::Element, true, BufferRole::Accum});
     if (m.accumulator->correction)
       out.push_back({"accum_correction", *m.accumulator->correction,
                      Per::Element, true, BufferRole::Accum});

@@ -36,10 +36,11 @@ std::string write_manifest(const Manifest &m) {
       {"correction", m.correction ? dtype_name(*m.correction) : "none"}};
   j["grad"] = dtype_name(m.grad);
   if (m.accumulator)
-    j["accumulator"] = {{"dtype", dtype_name(m.accumulator->dtype)},
-                        {"correction", m.accumulator->correction
-                                           ? dtype_name(*m.accumulator->correction)
-                                           : "none"}};
+    j["accumulator"] = {
+        {"dtype", dtype_name(m.accumulator->dtype)},
+        {"correction", m.accumulator->correction
+                           ? dtype_name(*m.accumulator->correction)
+                           : "none"}};
   if (m.arithmetic != "exact")
     j["arithmetic"] = m.arithmetic;
   ordered_json hypers = ordered_json::array();
@@ -173,9 +174,9 @@ std::optional<std::string> find_kernel_abi_description(std::string_view bytes) {
     if (!before.empty() && before != ".visible ")
       continue;
     size_t line = bytes.find('\n', at);
-    std::string_view decl = bytes.substr(at, line == std::string_view::npos
-                                                 ? std::string_view::npos
-                                                 : line - at);
+    std::string_view decl =
+        bytes.substr(at, line == std::string_view::npos ? std::string_view::npos
+                                                        : line - at);
     size_t m = decl.find(marker);
     size_t open = decl.find('{');
     size_t close = decl.find('}');

@@ -1,4 +1,4 @@
-//===- HostObject.cpp - LLVM dialect → host object / shared object ---------===//
+//===- HostObject.cpp - LLVM dialect to host object / shared object -------===//
 //
 // Part of flashopt.
 //
@@ -18,8 +18,8 @@
 #include "llvm/IR/Module.h"
 #include "llvm/MC/MCSubtargetInfo.h"
 #include "llvm/MC/TargetRegistry.h"
-#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Program.h"
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/raw_ostream.h"
@@ -68,9 +68,10 @@ makeTargetMachine(const HostCPU &cpu) {
 }
 
 /// Translates and (optionally) optimizes `module` into `ctx`.
-llvm::Expected<std::unique_ptr<llvm::Module>>
-translate(mlir::ModuleOp module, llvm::LLVMContext &ctx,
-          llvm::TargetMachine &tm, bool optimize) {
+llvm::Expected<std::unique_ptr<llvm::Module>> translate(mlir::ModuleOp module,
+                                                        llvm::LLVMContext &ctx,
+                                                        llvm::TargetMachine &tm,
+                                                        bool optimize) {
   mlir::DialectRegistry registry;
   mlir::registerBuiltinDialectTranslation(registry);
   mlir::registerLLVMDialectTranslation(registry);
@@ -93,6 +94,19 @@ translate(mlir::ModuleOp module, llvm::LLVMContext &ctx,
       return std::move(err);
   }
   return std::move(llvmModule);
+}
+
+/// The object file `tm` makes of `module`.
+llvm::Expected<std::string> emitObjectFile(llvm::TargetMachine &tm,
+                                           llvm::Module &module) {
+  llvm::SmallVector<char, 0> buffer;
+  llvm::raw_svector_ostream os(buffer);
+  llvm::legacy::PassManager pm;
+  if (tm.addPassesToEmitFile(pm, os, nullptr,
+                             llvm::CodeGenFileType::ObjectFile))
+    return makeError("the target cannot emit object files");
+  pm.run(module);
+  return std::string(buffer.begin(), buffer.end());
 }
 
 } // namespace
@@ -162,14 +176,7 @@ flashopt::target::emitHostObject(mlir::ModuleOp module, const HostCPU &cpu) {
   auto llvmModule = translate(module, ctx, **tm, /*optimize=*/true);
   if (!llvmModule)
     return llvmModule.takeError();
-  llvm::SmallVector<char, 0> buffer;
-  llvm::raw_svector_ostream os(buffer);
-  llvm::legacy::PassManager pm;
-  if ((*tm)->addPassesToEmitFile(pm, os, nullptr,
-                                 llvm::CodeGenFileType::ObjectFile))
-    return makeError("the target cannot emit object files");
-  pm.run(**llvmModule);
-  return std::string(buffer.begin(), buffer.end());
+  return emitObjectFile(**tm, **llvmModule);
 }
 
 llvm::Expected<std::string>
@@ -188,28 +195,22 @@ flashopt::target::emitDataObject(const HostCPU &cpu, llvm::StringRef symbol,
       module, init->getType(), /*isConstant=*/true,
       llvm::GlobalValue::ExternalLinkage, init, symbol);
   global->setAlignment(llvm::Align(1));
-  llvm::SmallVector<char, 0> buffer;
-  llvm::raw_svector_ostream os(buffer);
-  llvm::legacy::PassManager pm;
-  if ((*tm)->addPassesToEmitFile(pm, os, nullptr,
-                                 llvm::CodeGenFileType::ObjectFile))
-    return makeError("the target cannot emit object files");
-  pm.run(module);
-  return std::string(buffer.begin(), buffer.end());
+  return emitObjectFile(**tm, module);
 }
 
-llvm::Error flashopt::target::linkSharedObject(
-    const std::string &objectPath, const std::string &sharedPath,
-    llvm::ArrayRef<std::string> extraObjects) {
+llvm::Error
+flashopt::target::linkSharedObject(const std::string &objectPath,
+                                   const std::string &sharedPath,
+                                   llvm::ArrayRef<std::string> extraObjects) {
   const char *envCC = std::getenv("CC");
-  llvm::ErrorOr<std::string> cc = llvm::sys::findProgramByName(
-      envCC && *envCC ? envCC : "cc");
+  llvm::ErrorOr<std::string> cc =
+      llvm::sys::findProgramByName(envCC && *envCC ? envCC : "cc");
   if (!cc)
-    return makeError("no C compiler driver ('cc') found to link " +
-                     sharedPath + "; set CC");
+    return makeError("no C compiler driver ('cc') found to link " + sharedPath +
+                     "; set CC");
   std::string errorMessage;
-  llvm::SmallVector<llvm::StringRef> args = {
-      *cc, "-shared", "-o", sharedPath, objectPath};
+  llvm::SmallVector<llvm::StringRef> args = {*cc, "-shared", "-o", sharedPath,
+                                             objectPath};
   for (const std::string &extra : extraObjects)
     args.push_back(extra);
   args.push_back("-lm");

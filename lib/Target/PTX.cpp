@@ -1,4 +1,4 @@
-//===- PTX.cpp - GPU kernels → PTX and cubins ------------------------------===//
+//===- PTX.cpp - GPU kernels to PTX and cubins ----------------------------===//
 //
 // Part of flashopt.
 //
@@ -85,9 +85,9 @@ std::optional<std::string> flashopt::target::findPtxas() {
   return std::nullopt;
 }
 
-llvm::Expected<PtxasResult>
-flashopt::target::runPtxas(const std::string &ptxas, const std::string &ptx,
-                           llvm::StringRef chip) {
+llvm::Expected<PtxasResult> flashopt::target::runPtxas(const std::string &ptxas,
+                                                       const std::string &ptx,
+                                                       llvm::StringRef chip) {
   llvm::SmallString<128> in, out, log;
   if (llvm::sys::fs::createTemporaryFile("flashopt", "ptx", in) ||
       llvm::sys::fs::createTemporaryFile("flashopt", "cubin", out) ||
@@ -106,13 +106,13 @@ flashopt::target::runPtxas(const std::string &ptxas, const std::string &ptx,
     os << ptx;
   }
   std::string arch = ("-arch=" + chip).str();
-  llvm::SmallVector<llvm::StringRef> args = {ptxas, arch, "-O3", "-v",
+  llvm::SmallVector<llvm::StringRef> args = {ptxas,    arch, "-O3",    "-v",
                                              in.str(), "-o", out.str()};
   std::optional<llvm::StringRef> redirects[] = {std::nullopt, log.str(),
                                                 log.str()};
   std::string errorMessage;
-  int rc = llvm::sys::ExecuteAndWait(ptxas, args, std::nullopt, redirects, 0,
-                                     0, &errorMessage);
+  int rc = llvm::sys::ExecuteAndWait(ptxas, args, std::nullopt, redirects, 0, 0,
+                                     &errorMessage);
   PtxasResult result;
   if (auto buf = llvm::MemoryBuffer::getFile(log))
     result.log = (*buf)->getBuffer().str();

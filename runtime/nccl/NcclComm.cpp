@@ -31,9 +31,8 @@
 #include "ReduceKernels.h"
 #include "capi/Errors.h"
 #include "flashopt/host/CudaDriver.h"
+#include "mpi/MpiCollectives.h"
 
-#include <climits>
-#include <cstdio>
 #include <cstring>
 #include <new>
 #include <string>
@@ -66,57 +65,17 @@ struct NcclComm {
 };
 
 //===----------------------------------------------------------------------===//
-// Host collectives over MPI (as in flashopt_mpi)
+// Host collectives over MPI (mpi/MpiCollectives.h)
 //===----------------------------------------------------------------------===//
 
-int allGather(void *self, const void *send, void *recv, size_t bytes) {
-  NcclComm *c = static_cast<NcclComm *>(self);
-  if (bytes > size_t(INT_MAX))
-    return MPI_ERR_COUNT;
-  return MPI_Allgather(send, int(bytes), MPI_BYTE, recv, int(bytes), MPI_BYTE,
-                       c->mpi);
-}
+MPI_Comm mpiOf(void *self) { return static_cast<NcclComm *>(self)->mpi; }
 
-int allToAll(void *self, const void *send, void *recv, size_t bytes) {
-  NcclComm *c = static_cast<NcclComm *>(self);
-  if (bytes > size_t(INT_MAX))
-    return MPI_ERR_COUNT;
-  return MPI_Alltoall(send, int(bytes), MPI_BYTE, recv, int(bytes), MPI_BYTE,
-                      c->mpi);
-}
-
-int broadcast(void *self, void *buf, size_t bytes, int32_t root) {
-  NcclComm *c = static_cast<NcclComm *>(self);
-  const size_t piece = size_t(1) << 30;
-  char *p = static_cast<char *>(buf);
-  for (size_t off = 0; off < bytes; off += piece) {
-    size_t n = bytes - off < piece ? bytes - off : piece;
-    if (int rc = MPI_Bcast(p + off, int(n), MPI_BYTE, root, c->mpi);
-        rc != MPI_SUCCESS)
-      return rc;
-  }
-  return MPI_SUCCESS;
-}
-
-int reduceScatterF32(void *self, const float *send, float *recv, size_t count) {
-  NcclComm *c = static_cast<NcclComm *>(self);
-  if (count > size_t(INT_MAX))
-    return MPI_ERR_COUNT;
-  return MPI_Reduce_scatter_block(send, recv, int(count), MPI_FLOAT, MPI_SUM,
-                                  c->mpi);
-}
-
+/// MPI's text for an MPI code, lastError for the device reduction's.
 const char *errorString(void *self, int code) {
   NcclComm *c = static_cast<NcclComm *>(self);
   if (code == kDeviceError)
     return c->lastError.c_str();
-  thread_local char text[MPI_MAX_ERROR_STRING + 1];
-  int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS)
-    std::snprintf(text, sizeof text, "MPI error %d", code);
-  else
-    text[len] = '\0';
-  return text;
+  return flashopt::mpi::errorString(code);
 }
 
 //===----------------------------------------------------------------------===//
@@ -457,10 +416,7 @@ extern "C" flashopt_status flashopt_comm_create_nccl(MPI_Comm comm,
     b.rank = c->rank;
     b.size = c->size;
     b.self = c;
-    b.all_gather = allGather;
-    b.all_to_all = allToAll;
-    b.broadcast = broadcast;
-    b.reduce_scatter_f32 = reduceScatterF32;
+    flashopt::mpi::setHostCollectives<mpiOf>(b);
     b.error_string = errorString;
     b.destroy = destroy;
     b.reduce_mean_device = reduceMeanDevice;

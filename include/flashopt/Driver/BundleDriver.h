@@ -162,8 +162,8 @@ llvm::Expected<std::string> emitPTXText(const CompileJob &job,
 /// StateEncodingAttrInterface) and the buffers of its expanded `kernel`.
 /// The kernel's buffers must be exactly the ones the kernel ABI implies
 /// (abi::implied_buffers); anything else is an internal error.
-llvm::Expected<abi::Manifest>
-describeBundle(const CompileJob &job, mlir::flashopt::KernelOp kernel);
+llvm::Expected<abi::Manifest> describeBundle(const CompileJob &job,
+                                             mlir::flashopt::KernelOp kernel);
 
 /// A bundle that was written.
 struct BundleResult {

@@ -1,4 +1,4 @@
-//===- HostObject.h - LLVM dialect → host object / shared object -*- C++ -*-===//
+//===- HostObject.h - LLVM dialect to host and shared objects ---*- C++ -*-===//
 //
 // Part of flashopt.
 //

@@ -53,19 +53,24 @@ Status DataParallel::reduceScatterF32(std::vector<float> &send, int64_t M,
 Status DataParallel::reduce_accumulator_bucket(Optimizer &opt, int bi) {
   const Bucket &bk = buckets_[size_t(bi)];
   const int W = comm_->size(), me = comm_->rank();
+  // Accumulator elements of `opt` into or out of `buf`, as laid out.
+  auto readInto = [&](float *buf) {
+    return [&opt, buf](const Piece &pc, int64_t at) {
+      return opt.read_accumulator(pc.tensor, pc.offset, pc.count, buf + at);
+    };
+  };
+  auto writeFrom = [&](const float *buf) {
+    return [&opt, buf](const Piece &pc, int64_t at) {
+      return opt.write_accumulator(pc.tensor, pc.offset, pc.count, buf + at);
+    };
+  };
   if (!sharded()) {
     // Replicated: slices of ceil(numel / W), reduced by their owner, then
     // all-gathered (every element summed once: identical replicas).
     const int64_t slice = (bk.numel + W - 1) / W;
     std::vector<float> packed(size_t(slice * W), 0.0f);
-    int64_t at = 0;
-    for (const Piece &pc : bk.pieces) {
-      if (Status s = opt.read_accumulator(pc.tensor, pc.offset, pc.count,
-                                          packed.data() + at);
-          !s)
-        return s;
-      at += pc.count;
-    }
+    if (Status s = forEachPiece(bk.pieces, readInto(packed.data())); !s)
+      return s;
     std::vector<float> sum;
     if (Status s = reduceScatterF32(packed, slice, sum); !s)
       return s;
@@ -73,42 +78,26 @@ Status DataParallel::reduce_accumulator_bucket(Optimizer &opt, int bi) {
                                      size_t(slice) * sizeof(float));
         !s)
       return s;
-    at = 0;
-    for (const Piece &pc : bk.pieces) {
-      if (Status s = opt.write_accumulator(pc.tensor, pc.offset, pc.count,
-                                           packed.data() + at);
-          !s)
-        return s;
-      at += pc.count;
-    }
-    return Status::success();
+    return forEachPiece(bk.pieces, writeFrom(packed.data()));
   }
-  // Sharded: contributions packed by owner, [q * M, q * M + |owned(q)|).
+  // Sharded: contributions packed by owner (forEachPackedPiece).
   const int64_t M = maxOwned(bi);
   std::vector<float> send(size_t(W * M), 0.0f);
-  for (int q = 0; q < W; ++q) {
-    int64_t at = 0;
-    for (const Piece &pc : owned(bi, q)) {
-      if (Status s = opt.read_accumulator(pc.tensor, pc.offset, pc.count,
-                                          send.data() + q * M + at);
-          !s)
-        return s;
-      at += pc.count;
-    }
-  }
+  if (Status s = forEachPackedPiece(bi, readInto(send.data())); !s)
+    return s;
   std::vector<float> sum;
   if (Status s = reduceScatterF32(send, M, sum); !s)
     return s;
-  int64_t at = 0;
-  for (const Piece &pc : owned(bi, me)) {
-    const int64_t k = ownerIndex_[size_t(pc.tensor)];
-    const int64_t begin = ranges_[size_t(pc.tensor)].begin;
-    if (Status s = owner_->write_accumulator(k, pc.offset - begin, pc.count,
+  if (Status s = forEachOwnedPiece(
+          bi, me,
+          [&](const Piece &pc, int64_t at) {
+            const int64_t k = ownerIndex_[size_t(pc.tensor)];
+            const int64_t begin = ranges_[size_t(pc.tensor)].begin;
+            return owner_->write_accumulator(k, pc.offset - begin, pc.count,
                                              sum.data() + at);
-        !s)
-      return s;
-    at += pc.count;
-  }
+          });
+      !s)
+    return s;
   if (!fullGrads_)
     return Status::success();
   // Clipping: every rank needs every reduced accumulator for the norm.
@@ -116,17 +105,7 @@ Status DataParallel::reduce_accumulator_bucket(Optimizer &opt, int bi) {
           comm_->all_gather(sum.data(), send.data(), size_t(M) * sizeof(float));
       !s)
     return s;
-  for (int q = 0; q < W; ++q) {
-    int64_t k = 0;
-    for (const Piece &pc : owned(bi, q)) {
-      if (Status s = opt.write_accumulator(pc.tensor, pc.offset, pc.count,
-                                           send.data() + q * M + k);
-          !s)
-        return s;
-      k += pc.count;
-    }
-  }
-  return Status::success();
+  return forEachPackedPiece(bi, writeFrom(send.data()));
 }
 
 Status DataParallel::reduce_accumulators(Optimizer &opt) {

@@ -1,5 +1,4 @@
-//===- DataParallel.h - Replicated data parallelism --------------*- C++
-//-*-===//
+//===- DataParallel.h - Replicated data parallelism ------------*- C++ -*-===//
 //
 // Part of flashopt.
 //
@@ -57,6 +56,19 @@ struct Bucket {
   int64_t first = 0, count = 0;
   int64_t numel = 0; ///< elements of gradient in the bucket
 };
+
+/// Calls `fn(piece, at)` for each of `pieces` in order, `at` its first
+/// element when the pieces lie back to back; stops at the first failure.
+template <typename Fn>
+Status forEachPiece(const std::vector<Piece> &pieces, Fn &&fn) {
+  int64_t at = 0;
+  for (const Piece &pc : pieces) {
+    if (Status s = fn(pc, at); !s)
+      return s;
+    at += pc.count;
+  }
+  return Status::success();
+}
 
 /// Buckets of `cap_bytes` of gradient each (the last one less), filled in
 /// registration order; a tensor larger than what is left of a bucket
@@ -159,9 +171,8 @@ public:
   /// Buffer `name` of tensor `tensor` whole, in host memory: a correction or
   /// state buffer is all-gathered from its owners (a collective: every rank
   /// calls it in the same order), any other buffer is read from `opt`.
-  Expected<std::vector<uint8_t>> gather_buffer(host::Optimizer &opt,
-                                               int64_t tensor,
-                                               const std::string &name);
+  Expected<std::vector<uint8_t>>
+  gather_buffer(host::Optimizer &opt, int64_t tensor, const std::string &name);
   /// Overwrites buffer `name` of tensor `tensor` from its whole contents:
   /// a correction or state buffer keeps only this rank's shard.
   Status scatter_buffer(host::Optimizer &opt, int64_t tensor,
@@ -185,21 +196,58 @@ private:
   /// order in f32; fast: the engine's reduce-scatter).
   Status reduceScatterF32(std::vector<float> &send, int64_t M,
                           std::vector<float> &sum);
+  /// `send` holds W blocks of `M` gradient elements of dtype `grad`, block
+  /// q for rank q; `mine` gets this rank's block averaged over the ranks:
+  /// summed in f32 (deterministic: in rank order, the blocks travelling in
+  /// `grad`, whose widening is exact; fast: the engine's reduce-scatter),
+  /// divided by W and rounded once to `grad` (Sharded.cpp).
+  Status averageBlocks(const std::vector<uint8_t> &send, host::DType grad,
+                       int64_t M, std::vector<uint8_t> &mine);
   /// Elements of bucket `b` owned by rank `q`, in bucket order.
   const std::vector<Piece> &owned(int b, int q) const {
     return ownedPieces_[size_t(b) * size_t(comm_->size()) + size_t(q)];
   }
+  /// The most elements of bucket `b` one rank owns.
   int64_t maxOwned(int b) const;
+  /// Buffer `name`'s spec when this rank keeps only its shard of it
+  /// (sharded mode: correction terms and states), else nullptr.
+  Expected<const host::BufferSpec *>
+  shardedBuffer(const host::Manifest &m, const std::string &name) const;
+  /// The owner layout of bucket `b`'s sharded collectives: W blocks of
+  /// maxOwned(b) elements, block q from element q * maxOwned(b) holding the
+  /// pieces rank q owns back to back, in bucket order (the rest zero).
+  /// Calls `fn(piece, at)` for each piece rank `q` owns, `at` its first
+  /// element in rank q's block; stops at the first failure.
+  template <typename Fn> Status forEachOwnedPiece(int b, int q, Fn &&fn) const {
+    return forEachPiece(owned(b, q), fn);
+  }
+  /// Calls `fn(piece, at)` for each piece of every rank but `except`, rank
+  /// by rank, `at` its first element in the whole owner layout; stops at
+  /// the first failure.
+  template <typename Fn>
+  Status forEachPackedPiece(int b, Fn &&fn, int except = -1) const {
+    const int64_t M = maxOwned(b);
+    for (int q = 0; q < comm_->size(); ++q) {
+      if (q == except)
+        continue;
+      if (Status s = forEachOwnedPiece(
+              b, q,
+              [&](const Piece &pc, int64_t at) { return fn(pc, q * M + at); });
+          !s)
+        return s;
+    }
+    return Status::success();
+  }
 
   std::unique_ptr<host::Optimizer> owner_;
-  std::vector<OwnedRange> ranges_;   ///< [tensor] this rank's elements
-  std::vector<int64_t> ownerIndex_;  ///< [tensor] index in owner_ or -1
+  std::vector<OwnedRange> ranges_;  ///< [tensor] this rank's elements
+  std::vector<int64_t> ownerIndex_; ///< [tensor] index in owner_ or -1
   /// The owner's gradient of one owned range: the reduced gradient.
   struct Stage {
     std::shared_ptr<void> mem; ///< Backend::allocate_scratch
     int64_t bytes = 0;
   };
-  std::vector<Stage> stage_; ///< [owner tensor]
+  std::vector<Stage> stage_;                    ///< [owner tensor]
   std::vector<std::vector<Piece>> ownedPieces_; ///< [bucket * W + rank]
   std::vector<LayoutEntry> layout_;
   bool fullGrads_ = false;

@@ -160,6 +160,39 @@ Status DataParallel::shard(Optimizer &opt,
   return opt.release_state();
 }
 
+Status DataParallel::averageBlocks(const std::vector<uint8_t> &send, DType grad,
+                                   int64_t M, std::vector<uint8_t> &mine) {
+  const int64_t W = comm_->size(), es = dtype_size(grad);
+  std::vector<float> sum(size_t(M), 0.0f);
+  if (deterministic_) {
+    std::vector<uint8_t> parts(send.size());
+    if (Status s = comm_->all_to_all(send.data(), parts.data(), size_t(M * es));
+        !s)
+      return s;
+    std::vector<float> wide(static_cast<size_t>(M));
+    for (int64_t r = 0; r < W; ++r) {
+      codec::widen(parts.data() + r * M * es, grad, M,
+                   r == 0 ? sum.data() : wide.data());
+      if (r > 0)
+        for (int64_t k = 0; k < M; ++k)
+          sum[size_t(k)] = sum[size_t(k)] + wide[size_t(k)];
+    }
+  } else {
+    std::vector<float> flat(size_t(M * W));
+    codec::widen(send.data(), grad, M * W, flat.data());
+    if (Status s =
+            comm_->reduce_scatter_f32(flat.data(), sum.data(), size_t(M));
+        !s)
+      return s;
+  }
+  const float w = float(W);
+  for (float &x : sum)
+    x = x / w;
+  mine.assign(size_t(M * es), 0);
+  codec::narrow(sum.data(), M, grad, mine.data());
+  return Status::success();
+}
+
 Status DataParallel::reduce_sharded(Optimizer &opt, int bi) {
   try {
     const Manifest &m = opt.manifest();
@@ -167,62 +200,40 @@ Status DataParallel::reduce_sharded(Optimizer &opt, int bi) {
     const int W = comm_->size(), me = comm_->rank();
     const int64_t es = dtype_size(m.grad);
     const int64_t M = maxOwned(bi);
-    // Contributions packed by owner: [q * M, q * M + |owned(q)|) for rank q.
+    // Where piece `pc`'s gradient is in `opt`.
+    auto gradOf = [&](const Piece &pc) -> Expected<uint8_t *> {
+      Expected<BufferView> g = opt.buffer(pc.tensor, "grad");
+      if (!g)
+        return g.status();
+      return static_cast<uint8_t *>(g->data) + pc.offset * es;
+    };
+    // Contributions packed by owner (forEachPackedPiece).
     std::vector<uint8_t> send(size_t(W * M * es), 0);
-    for (int q = 0; q < W; ++q) {
-      int64_t at = 0;
-      for (const Piece &pc : owned(bi, q)) {
-        Expected<BufferView> g = opt.buffer(pc.tensor, "grad");
-        if (!g)
-          return g.status();
-        if (Status s =
-                dev.read(static_cast<const uint8_t *>(g->data) + pc.offset * es,
-                         send.data() + (q * M + at) * es, pc.count * es);
-            !s)
-          return s;
-        at += pc.count;
-      }
-    }
-    std::vector<float> sum(size_t(M), 0.0f);
-    if (deterministic_) {
-      std::vector<uint8_t> parts(send.size());
-      if (Status s =
-              comm_->all_to_all(send.data(), parts.data(), size_t(M * es));
-          !s)
-        return s;
-      std::vector<float> wide(static_cast<size_t>(M));
-      for (int64_t r = 0; r < W; ++r) {
-        codec::widen(parts.data() + r * M * es, m.grad, M,
-                     r == 0 ? sum.data() : wide.data());
-        if (r > 0)
-          for (int64_t k = 0; k < M; ++k)
-            sum[size_t(k)] = sum[size_t(k)] + wide[size_t(k)];
-      }
-    } else {
-      std::vector<float> flat(size_t(M * W));
-      codec::widen(send.data(), m.grad, M * W, flat.data());
-      if (Status s =
-              comm_->reduce_scatter_f32(flat.data(), sum.data(), size_t(M));
-          !s)
-        return s;
-    }
-    const float w = float(W);
-    for (float &x : sum)
-      x = x / w;
-    std::vector<uint8_t> mine(size_t(M * es));
-    codec::narrow(sum.data(), M, m.grad, mine.data());
-    int64_t at = 0;
-    for (const Piece &pc : owned(bi, me)) {
-      const OwnedRange r = ranges_[size_t(pc.tensor)];
-      // Owner tensor k's gradient is stage_[k] (added in the same order).
-      const Stage &st = stage_[size_t(ownerIndex_[size_t(pc.tensor)])];
-      if (Status s = owner_->backend().write(
-              static_cast<uint8_t *>(st.mem.get()) + (pc.offset - r.begin) * es,
-              mine.data() + at * es, pc.count * es);
-          !s)
-        return s;
-      at += pc.count;
-    }
+    if (Status s = forEachPackedPiece(
+            bi,
+            [&](const Piece &pc, int64_t at) -> Status {
+              Expected<uint8_t *> g = gradOf(pc);
+              return g ? dev.read(*g, send.data() + at * es, pc.count * es)
+                       : g.status();
+            });
+        !s)
+      return s;
+    std::vector<uint8_t> mine;
+    if (Status s = averageBlocks(send, m.grad, M, mine); !s)
+      return s;
+    if (Status s = forEachOwnedPiece(
+            bi, me,
+            [&](const Piece &pc, int64_t at) {
+              const OwnedRange r = ranges_[size_t(pc.tensor)];
+              // Owner tensor k's gradient is stage_[k] (added in order).
+              const Stage &st = stage_[size_t(ownerIndex_[size_t(pc.tensor)])];
+              return owner_->backend().write(
+                  static_cast<uint8_t *>(st.mem.get()) +
+                      (pc.offset - r.begin) * es,
+                  mine.data() + at * es, pc.count * es);
+            });
+        !s)
+      return s;
     if (!fullGrads_)
       return Status::success();
     // Clipping: every rank needs every averaged gradient.
@@ -230,21 +241,11 @@ Status DataParallel::reduce_sharded(Optimizer &opt, int bi) {
     if (Status s = comm_->all_gather(mine.data(), all.data(), size_t(M * es));
         !s)
       return s;
-    for (int q = 0; q < W; ++q) {
-      int64_t k = 0;
-      for (const Piece &pc : owned(bi, q)) {
-        Expected<BufferView> g = opt.buffer(pc.tensor, "grad");
-        if (!g)
-          return g.status();
-        if (Status s =
-                dev.write(static_cast<uint8_t *>(g->data) + pc.offset * es,
-                          all.data() + (q * M + k) * es, pc.count * es);
-            !s)
-          return s;
-        k += pc.count;
-      }
-    }
-    return Status::success();
+    return forEachPackedPiece(bi, [&](const Piece &pc, int64_t at) -> Status {
+      Expected<uint8_t *> g = gradOf(pc);
+      return g ? dev.write(*g, all.data() + at * es, pc.count * es)
+               : g.status();
+    });
   } catch (const std::exception &e) {
     return Status::error(std::string("reduce_bucket (sharded): ") + e.what());
   }
@@ -279,34 +280,32 @@ Status DataParallel::step_shards(Optimizer &opt, int64_t t,
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const int64_t M = maxOwned(int(b));
       std::vector<uint8_t> mine(size_t(M * pes), 0), all(size_t(W * M * pes));
-      int64_t at = 0;
-      for (const Piece &pc : owned(int(b), me)) {
-        if (Status s = dev.read(
-                static_cast<const uint8_t *>(opt.tensor(pc.tensor).param) +
-                    pc.offset * pes,
-                mine.data() + at * pes, pc.count * pes);
-            !s)
-          return s;
-        at += pc.count;
-      }
+      if (Status s = forEachOwnedPiece(
+              int(b), me,
+              [&](const Piece &pc, int64_t at) {
+                return dev.read(
+                    static_cast<const uint8_t *>(opt.tensor(pc.tensor).param) +
+                        pc.offset * pes,
+                    mine.data() + at * pes, pc.count * pes);
+              });
+          !s)
+        return s;
       if (Status s =
               comm_->all_gather(mine.data(), all.data(), size_t(M * pes));
           !s)
         return s;
-      for (int q = 0; q < W; ++q) {
-        if (q == me)
-          continue;
-        int64_t k = 0;
-        for (const Piece &pc : owned(int(b), q)) {
-          if (Status s = dev.write(
-                  static_cast<uint8_t *>(opt.tensor(pc.tensor).param) +
-                      pc.offset * pes,
-                  all.data() + (q * M + k) * pes, pc.count * pes);
-              !s)
-            return s;
-          k += pc.count;
-        }
-      }
+      // Every other rank's parameters (this rank's are already in place).
+      if (Status s = forEachPackedPiece(
+              int(b),
+              [&](const Piece &pc, int64_t at) {
+                return dev.write(
+                    static_cast<uint8_t *>(opt.tensor(pc.tensor).param) +
+                        pc.offset * pes,
+                    all.data() + at * pes, pc.count * pes);
+              },
+              /*except=*/me);
+          !s)
+        return s;
     }
     return Status::success();
   } catch (const std::exception &e) {
@@ -314,16 +313,25 @@ Status DataParallel::step_shards(Optimizer &opt, int64_t t,
   }
 }
 
-Expected<std::vector<uint8_t>>
-DataParallel::gather_buffer(Optimizer &opt, int64_t tensor,
-                            const std::string &name) {
-  const Manifest &m = opt.manifest();
+Expected<const BufferSpec *>
+DataParallel::shardedBuffer(const Manifest &m, const std::string &name) const {
   Expected<int> found = find_buffer(m, name);
   if (!found)
     return found.status();
   const BufferSpec &spec = m.buffers[size_t(*found)];
-  if (!sharded() || !runtimeOwned(spec))
+  return sharded() && runtimeOwned(spec) ? &spec : nullptr;
+}
+
+Expected<std::vector<uint8_t>>
+DataParallel::gather_buffer(Optimizer &opt, int64_t tensor,
+                            const std::string &name) {
+  const Manifest &m = opt.manifest();
+  Expected<const BufferSpec *> shardSpec = shardedBuffer(m, name);
+  if (!shardSpec)
+    return shardSpec.status();
+  if (!*shardSpec)
     return opt.read_buffer(tensor, name);
+  const BufferSpec &spec = **shardSpec;
   try {
     const int W = comm_->size();
     const int64_t G = m.group_size, numel = layout_[size_t(tensor)].numel;
@@ -360,12 +368,12 @@ Status DataParallel::scatter_buffer(Optimizer &opt, int64_t tensor,
                                     const std::string &name, const void *data,
                                     int64_t bytes) {
   const Manifest &m = opt.manifest();
-  Expected<int> found = find_buffer(m, name);
-  if (!found)
-    return found.status();
-  const BufferSpec &spec = m.buffers[size_t(*found)];
-  if (!sharded() || !runtimeOwned(spec))
+  Expected<const BufferSpec *> shardSpec = shardedBuffer(m, name);
+  if (!shardSpec)
+    return shardSpec.status();
+  if (!*shardSpec)
     return opt.write_buffer(tensor, name, data, bytes);
+  const BufferSpec &spec = **shardSpec;
   const int64_t G = m.group_size, numel = layout_[size_t(tensor)].numel;
   const int64_t whole = spec.per == Per::Group
                             ? (numel + G - 1) / G * dtype_size(spec.dtype)

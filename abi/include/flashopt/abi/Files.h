@@ -25,10 +25,10 @@ namespace flashopt::abi {
 /// Why read_regular_file failed.
 enum class FileError {
   None,
-  NotFound,    ///< ENOENT / ENOTDIR
-  NotRegular,  ///< a directory, FIFO, socket, or device
-  TooLarge,    ///< larger than max_bytes
-  Io,          ///< open/stat/read failed otherwise
+  NotFound,   ///< ENOENT / ENOTDIR
+  NotRegular, ///< a directory, FIFO, socket, or device
+  TooLarge,   ///< larger than max_bytes
+  Io,         ///< open/stat/read failed otherwise
 };
 
 /// Reads the whole regular file at `path` into `out` (replacing it). Fails,

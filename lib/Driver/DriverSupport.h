@@ -1,0 +1,49 @@
+//===- DriverSupport.h - What the driver's files share ----------*- C++ -*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// The helpers the emit stages (BundleDriver.cpp) and the bundle build
+/// (Bundles.cpp) share: pipelines run on a copy of a job, errors and file
+/// writing. Private to lib/Driver.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_LIB_DRIVER_DRIVERSUPPORT_H
+#define FLASHOPT_LIB_DRIVER_DRIVERSUPPORT_H
+
+#include "flashopt/Driver/BundleDriver.h"
+
+#include "mlir/Pass/PassManager.h"
+
+namespace flashopt::driver::detail {
+
+/// An error with `message` and no error code.
+llvm::Error makeError(const llvm::Twine &message);
+
+/// A copy of `job`'s module.
+mlir::OwningOpRef<mlir::ModuleOp> cloneModule(const CompileJob &job);
+
+/// Runs the passes `build` adds on `module`.
+llvm::LogicalResult
+runPasses(mlir::ModuleOp module,
+          llvm::function_ref<void(mlir::OpPassManager &)> build);
+
+/// Writes `data` to the file `path` (replacing it).
+llvm::Error writeFile(const std::string &path, llvm::StringRef data);
+
+/// Expands the encodings of a copy of `job`.
+llvm::Expected<mlir::OwningOpRef<mlir::ModuleOp>>
+expandEncodings(const CompileJob &job);
+
+/// A copy of `job` through flashopt-cpu-pipeline for `cpu`; fails with
+/// `failureMessage`.
+llvm::Expected<mlir::OwningOpRef<mlir::ModuleOp>>
+lowerToHostLLVM(const CompileJob &job, const target::HostCPU &cpu,
+                llvm::StringRef failureMessage);
+
+} // namespace flashopt::driver::detail
+
+#endif // FLASHOPT_LIB_DRIVER_DRIVERSUPPORT_H
