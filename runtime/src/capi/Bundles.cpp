@@ -35,7 +35,7 @@ namespace {
   fail(s, FLASHOPT_ERROR_FORMAT);
 }
 
-}
+} // namespace
 
 std::shared_ptr<OptObj> createOptimizer(const std::shared_ptr<ContextObj> &ctx,
                                         const std::string &dir) {
@@ -97,10 +97,10 @@ createEmbeddedOptimizer(const std::shared_ptr<ContextObj> &c,
   std::string name = bundle->name ? bundle->name : "(unnamed)";
   std::string who = "embedded bundle " + quote(name);
   if (bundle->abi_version != FLASHOPT_ABI_VERSION)
-    fail(FLASHOPT_ERROR_UNSUPPORTED,
-         who + " was built for ABI version " +
-             std::to_string(bundle->abi_version) + ", this library is " +
-             std::to_string(FLASHOPT_ABI_VERSION));
+    fail(FLASHOPT_ERROR_UNSUPPORTED, who + " was built for ABI version " +
+                                         std::to_string(bundle->abi_version) +
+                                         ", this library is " +
+                                         std::to_string(FLASHOPT_ABI_VERSION));
   if (bundle->num_files > 0 && !bundle->files)
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT, who + ": files is NULL");
   TempDir tmp;

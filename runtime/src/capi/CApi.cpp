@@ -36,7 +36,6 @@
 
 using namespace flashopt::capi;
 
-
 //===----------------------------------------------------------------------===//
 // The C ABI
 //===----------------------------------------------------------------------===//
@@ -145,7 +144,8 @@ flashopt_status flashopt_context_set_threads(flashopt_context ctx,
            "a CUDA context has no CPU threads to set");
     if (threads < 0 || threads > flashopt::host::kMaxCpuThreads)
       fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           "threads must be in [0, " + std::to_string(flashopt::host::kMaxCpuThreads) +
+           "threads must be in [0, " +
+               std::to_string(flashopt::host::kMaxCpuThreads) +
                "] (0 = all hardware threads), got " + std::to_string(threads));
     std::lock_guard<std::mutex> lock(c->mu);
     c->threads = threads;

@@ -94,11 +94,11 @@ bool checkHeader(const OptObj &o, const Metadata &meta,
   if (meta.count(kMetadataChecksumKey)) {
     std::string got = metadataChecksum(meta);
     if (metaOr(meta, kMetadataChecksumKey) != got)
-      fail(FLASHOPT_ERROR_FORMAT,
-           file + ": __metadata__ checksum is " + got + ", but '" +
-               kMetadataChecksumKey + "' records " +
-               metaOr(meta, kMetadataChecksumKey) +
-               " (the header is corrupt or was edited)");
+      fail(FLASHOPT_ERROR_FORMAT, file + ": __metadata__ checksum is " + got +
+                                      ", but '" + kMetadataChecksumKey +
+                                      "' records " +
+                                      metaOr(meta, kMetadataChecksumKey) +
+                                      " (the header is corrupt or was edited)");
   }
   if (metaOr(meta, "format") != kCheckpointFormat)
     fail(FLASHOPT_ERROR_FORMAT,
@@ -109,7 +109,8 @@ bool checkHeader(const OptObj &o, const Metadata &meta,
     fail(FLASHOPT_ERROR_FORMAT,
          file + ": unsupported checkpoint format_version " +
              quote(metaOr(meta, "format_version")) + " (this library reads 1)");
-  if (metaOr(meta, "spec") != m.name || metaOr(meta, "spec_hash") != m.spec_hash)
+  if (metaOr(meta, "spec") != m.name ||
+      metaOr(meta, "spec_hash") != m.spec_hash)
     fail(FLASHOPT_ERROR_MISMATCH,
          file + ": checkpoint of spec " + quote(metaOr(meta, "spec")) + " (" +
              metaOr(meta, "spec_hash") + "), but this optimizer runs " +
@@ -138,8 +139,9 @@ int64_t checkParam(const OptObj &o, const json &p, std::set<std::string> &seen,
          file + ": __metadata__ 'params' has a malformed entry " + p.dump());
   const std::string name = p["name"].get<std::string>();
   if (!seen.insert(name).second)
-    fail(FLASHOPT_ERROR_FORMAT, file + ": __metadata__ 'params' lists "
-                                       "parameter " +
+    fail(FLASHOPT_ERROR_FORMAT, file +
+                                    ": __metadata__ 'params' lists "
+                                    "parameter " +
                                     quote(name) + " more than once");
   auto it = o.byName.find(name);
   if (it == o.byName.end())
@@ -208,9 +210,8 @@ std::vector<int64_t> checkParams(const OptObj &o, const Metadata &meta,
 /// __metadata__ 'param_groups': as many groups as here, each with a finite
 /// value of every hyper-parameter of the spec (and no other), elided
 /// states' hypers at 0. Returns the values.
-std::vector<std::vector<float>> checkGroups(const OptObj &o,
-                                            const Metadata &meta,
-                                            const std::string &file) {
+std::vector<std::vector<float>>
+checkGroups(const OptObj &o, const Metadata &meta, const std::string &file) {
   const Manifest &m = *o.m;
   json groups = parseJson(meta, "param_groups", file);
   if (!groups.is_array())

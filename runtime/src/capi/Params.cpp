@@ -150,7 +150,8 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
            who + ": its param memory " + (lo == p.param ? "is" : "overlaps") +
                " that of " + o.describe(int64_t(i)) + ", already registered");
   }
-  Expected<int64_t> r = o.opt->add_param(group, param, numel, const_cast<void *>(grad));
+  Expected<int64_t> r =
+      o.opt->add_param(group, param, numel, const_cast<void *>(grad));
   if (!r)
     fail(r.status(), FLASHOPT_ERROR_INTERNAL, who + ": " + r.error());
   ParamRec rec;

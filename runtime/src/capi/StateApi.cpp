@@ -49,9 +49,9 @@ namespace {
 void checkNumel(const OptObj &o, int64_t index, int64_t numel) {
   checkIndex(o, index);
   if (numel != o.params[size_t(index)].numel)
-    fail(FLASHOPT_ERROR_SIZE, o.describe(index) + ": numel " +
-                                  std::to_string(numel) + ", but it has " +
-                                  std::to_string(o.params[size_t(index)].numel));
+    fail(FLASHOPT_ERROR_SIZE,
+         o.describe(index) + ": numel " + std::to_string(numel) +
+             ", but it has " + std::to_string(o.params[size_t(index)].numel));
 }
 } // namespace
 
@@ -116,8 +116,9 @@ flashopt_status flashopt_check_numerics(flashopt_optimizer opt,
       if (lrIndex < 0 || maxabs <= 0)
         continue;
       const ParamRec &p = o->params[i];
-      double lr = double(
-          o->opt->hyper_table()[size_t(p.group) * m.hypers.size() + size_t(lrIndex)]);
+      double lr =
+          double(o->opt->hyper_table()[size_t(p.group) * m.hypers.size() +
+                                       size_t(lrIndex)]);
       if (lr <= 0)
         continue;
       double need = std::floor(std::log2(maxabs)) - M;
@@ -175,9 +176,10 @@ flashopt_status flashopt_load_checkpoint(flashopt_optimizer opt,
   });
 }
 
-flashopt_status flashopt_save_checkpoint_buffer(
-    flashopt_optimizer opt, flashopt_checkpoint_format format, void **data,
-    size_t *size) {
+flashopt_status
+flashopt_save_checkpoint_buffer(flashopt_optimizer opt,
+                                flashopt_checkpoint_format format, void **data,
+                                size_t *size) {
   return guard("flashopt_save_checkpoint_buffer", [&] {
     needOut(data, "data");
     needOut(size, "size");
@@ -188,9 +190,9 @@ flashopt_status flashopt_save_checkpoint_buffer(
     // one byte (malloc(0) may return NULL).
     void *out = std::malloc(std::max<size_t>(bytes.size(), 1));
     if (!out)
-      fail(FLASHOPT_ERROR_OUT_OF_MEMORY,
-           "allocating " + std::to_string(bytes.size()) +
-               " bytes for the checkpoint");
+      fail(FLASHOPT_ERROR_OUT_OF_MEMORY, "allocating " +
+                                             std::to_string(bytes.size()) +
+                                             " bytes for the checkpoint");
     std::memcpy(out, bytes.data(), bytes.size());
     *data = out;
     *size = bytes.size();
@@ -198,8 +200,7 @@ flashopt_status flashopt_save_checkpoint_buffer(
 }
 
 flashopt_status flashopt_load_checkpoint_buffer(flashopt_optimizer opt,
-                                                const void *data,
-                                                size_t size) {
+                                                const void *data, size_t size) {
   return guard("flashopt_load_checkpoint_buffer", [&] {
     if (size > 0)
       needOut(data, "data");

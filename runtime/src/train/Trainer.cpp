@@ -73,8 +73,7 @@ public:
     if (saved_.empty())
       saved_ = values;
     for (size_t g = 0; g < values.size(); ++g)
-      if (Status s = opt_.set_hyper(int(g), kGradScale, values[g] * factor);
-          !s)
+      if (Status s = opt_.set_hyper(int(g), kGradScale, values[g] * factor); !s)
         return s.with_code(Code::Internal);
     return Status::success();
   }
@@ -116,8 +115,7 @@ std::string Trainer::name(int64_t i) const {
 }
 
 int64_t Trainer::tensor_step(int64_t i) const {
-  return i >= 0 && size_t(i) < counters_.size() ? counters_[size_t(i)].step
-                                                : 0;
+  return i >= 0 && size_t(i) < counters_.size() ? counters_[size_t(i)].step : 0;
 }
 
 int64_t Trainer::accumulated(int64_t i) const {
@@ -242,8 +240,7 @@ Expected<bool> Trainer::gradsFinite(const std::vector<int64_t> &idx) {
 StepKind Trainer::next_step_kind() const {
   if (!accumulation_pending())
     return StepKind::Plain;
-  const bool decides =
-      maxGradNorm_ > 0.0 || policy_ == NonFinitePolicy::Skip;
+  const bool decides = maxGradNorm_ > 0.0 || policy_ == NonFinitePolicy::Skip;
   return dp_ || decides ? StepKind::Accumulated : StepKind::Fused;
 }
 
@@ -403,10 +400,9 @@ Status Trainer::clip(StepKind kind, GradScales &scales) {
                                          : opt_.accumulator_sum_squares(all);
   if (!ss)
     return ss.status().with_code(Code::Unsupported);
-  Expected<std::vector<float>> v =
-      scales.current(Code::Unsupported,
-                     "gradient clipping needs the kernels' \"grad_scale\" "
-                     "(rebuild the bundle with this flashopt-gen): ");
+  Expected<std::vector<float>> v = scales.current(
+      Code::Unsupported, "gradient clipping needs the kernels' \"grad_scale\" "
+                         "(rebuild the bundle with this flashopt-gen): ");
   if (!v)
     return v.status();
   double total = 0.0; // in tensor order
@@ -539,9 +535,8 @@ Status Trainer::attach(std::shared_ptr<dist::Communicator> comm,
   dist::OwnerFactory owner;
   if (sharded)
     owner = [this] { return opt_.create_sibling(); };
-  Expected<std::unique_ptr<dist::DataParallel>> dp =
-      dist::DataParallel::attach(std::move(comm), opt_, layout, deterministic,
-                                 bucket_bytes, owner);
+  Expected<std::unique_ptr<dist::DataParallel>> dp = dist::DataParallel::attach(
+      std::move(comm), opt_, layout, deterministic, bucket_bytes, owner);
   if (!dp) {
     // The layout and the engine are the ranks' own; anything else failed
     // in a collective or its staging.

@@ -15,8 +15,8 @@
 ///
 //===----------------------------------------------------------------------===//
 
-#include "RuntimeTestSupport.h"
 #include "train/Trainer.h"
+#include "RuntimeTestSupport.h"
 
 #include <doctest/doctest.h>
 
@@ -253,7 +253,8 @@ TEST_CASE("trainer: clipping folds max_norm / norm into grad_scale for one "
 TEST_CASE("trainer: setters refuse what they cannot take, changing nothing") {
   auto a = load(shipped("sgd_f32"));
   Trainer t(*a);
-  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+  for (double bad :
+       {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     CHECK(t.set_max_grad_norm(bad).code() == host::Code::InvalidArgument);
     CHECK(t.set_accumulation_normalizer(bad).code() ==
           host::Code::InvalidArgument);
@@ -366,8 +367,8 @@ TEST_CASE("trainer: restore sets what a checkpoint holds") {
   CHECK(t.skipped_steps() == 3);
   CHECK(t.tensor_step(2) == 7);
   requireOk(t.step());
-  for (auto [i, k] : std::vector<std::pair<int64_t, int64_t>>{
-           {0, 5}, {1, 3}, {2, 8}})
+  for (auto [i, k] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {1, 3}, {2, 8}})
     requireOk(b->step_tensors({i}, k));
   CHECK(ta.sameParams(tb));
   CHECK(t.step_count() == 6);
@@ -438,8 +439,8 @@ TEST_CASE("trainer: data parallelism over one rank steps as without it") {
     tb.add(*b);
     Trainer t(*a);
     EchoEngine engine;
-    requireOk(t.attach(engine.communicator(), layoutOf(ta), true, 1024,
-                       sharded));
+    requireOk(
+        t.attach(engine.communicator(), layoutOf(ta), true, 1024, sharded));
     REQUIRE(t.data_parallel() != nullptr);
     CHECK(t.data_parallel()->sharded() == sharded);
     CHECK(t.data_parallel()->buckets().size() > 1);
@@ -484,8 +485,8 @@ TEST_CASE("trainer: ranks that disagree are a MISMATCH before anything "
   Tensors tc(12);
   tc.add(*c);
   Trainer tc2(*c);
-  host::Status at = tc2.attach(engine.communicator(), layoutOf(tc), true, 0,
-                               false);
+  host::Status at =
+      tc2.attach(engine.communicator(), layoutOf(tc), true, 0, false);
   CHECK(at.code() == host::Code::Mismatch);
   CHECK(at.message().rfind("rank 0 of 2: the ranks registered different "
                            "layouts",
