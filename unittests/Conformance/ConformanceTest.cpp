@@ -382,23 +382,17 @@ void checkSpec(const fs::path &bundle, const json &manifest,
   dlclose(lib);
 }
 
-/// Whether this host can run a kernel that needs `features` (the manifest's
-/// __builtin_cpu_supports spellings). A feature this test does not know
-/// counts as missing, so a flavour the host cannot run is never called.
 bool cpuSupports(const json &features) {
   __builtin_cpu_init();
   for (const json &f : features) {
     std::string s = f;
-    bool has = s == "avx2"       ? __builtin_cpu_supports("avx2")
-               : s == "fma"      ? __builtin_cpu_supports("fma")
-               : s == "f16c"     ? __builtin_cpu_supports("f16c")
-               : s == "bmi2"     ? __builtin_cpu_supports("bmi2")
-               : s == "avx512f"  ? __builtin_cpu_supports("avx512f")
-               : s == "avx512bw" ? __builtin_cpu_supports("avx512bw")
-               : s == "avx512dq" ? __builtin_cpu_supports("avx512dq")
-               : s == "avx512vl" ? __builtin_cpu_supports("avx512vl")
-                                 : false;
-    if (!has)
+    if (s == "avx2" && !__builtin_cpu_supports("avx2"))
+      return false;
+    if (s == "fma" && !__builtin_cpu_supports("fma"))
+      return false;
+    if (s == "f16c" && !__builtin_cpu_supports("f16c"))
+      return false;
+    if (s == "bmi2" && !__builtin_cpu_supports("bmi2"))
       return false;
   }
   return true;
