@@ -1,4 +1,4 @@
-//===- Params.cpp - Registering parameters and gradients -------------------===//
+//===- Params.cpp - Registering parameters and gradients ------------------===//
 //
 // Part of flashopt.
 //
@@ -80,7 +80,7 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
               int64_t *out_index) {
   needOut(out_index, "out_index");
   int64_t index = int64_t(o.params.size());
-  if (o.dp)
+  if (o.dp())
     fail(FLASHOPT_ERROR_STATE,
          "parameter " + std::to_string(index) +
              ": a communicator is attached; every parameter must be "
@@ -150,14 +150,10 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
            who + ": its param memory " + (lo == p.param ? "is" : "overlaps") +
                " that of " + o.describe(int64_t(i)) + ", already registered");
   }
-  Expected<int64_t> r = o.opt->add_param(group, param, numel, const_cast<void *>(grad));
-  if (!r) {
-    const std::string &e = r.error();
-    fail(e.find("out of memory") != std::string::npos
-             ? FLASHOPT_ERROR_OUT_OF_MEMORY
-             : FLASHOPT_ERROR_INTERNAL,
-         who + ": " + e);
-  }
+  Expected<int64_t> r =
+      o.opt->add_param(group, param, numel, const_cast<void *>(grad));
+  if (!r)
+    fail(r.status(), FLASHOPT_ERROR_INTERNAL, who + ": " + r.error());
   ParamRec rec;
   rec.name = name;
   rec.numel = numel;
