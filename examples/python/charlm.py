@@ -493,10 +493,8 @@ def table(res) -> str:
         ("training step time (ms, fwd+bwd+clip+step)", f"{res['train_step_ms']['flashopt']:.1f}",
          f"{res['train_step_ms']['torch']:.1f}"),
     ]
-    wd = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{r[0]:<{wd[0]}}  {r[1]:>{wd[1]}}  {r[2]:>{wd[2]}}" for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    from digits import format_rows  # the demo's table layout (examples/python)
+    return format_rows(rows)
 
 
 def main(argv=None):

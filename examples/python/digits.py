@@ -156,6 +156,12 @@ def table(res) -> str:
         ("optimizer step time (ms, mean)", f"{res['step_ms']['flashopt']:.3f}",
          f"{res['step_ms']['torch']:.3f}"),
     ]
+    return format_rows(rows)
+
+
+def format_rows(rows) -> str:
+    """Three-column rows (label, flashopt, torch) as an aligned text table,
+    a rule under the header row (also charlm.py's)."""
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}" for r in rows]
     lines.insert(1, "-" * len(lines[0]))
