@@ -150,6 +150,9 @@ class FlashOptimizer(Optimizer):
         self._gradient_release = None
         self._kernel_grad_scale = 1.0  # 1/GradScaler's scale for the step at hand
         self._constructor_lr = defaults["lr"]
+        # DTensor parameters (FSDP2, Replicate): _dtensor.ShardedParams, once
+        # the first is registered.
+        self._sharded = None
         super().__init__(params, defaults)
 
     # ---- parameters ----------------------------------------------------------------
@@ -162,8 +165,8 @@ class FlashOptimizer(Optimizer):
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"flashopt: optimizer can only optimize Tensors, got {type(p).__name__}")
         if _is_dtensor(p):
-            raise TypeError("flashopt: DTensor parameters (FSDP2 / tensor parallel) are not "
-                            "supported; use DistributedDataParallel or ZeroRedundancyOptimizer")
+            self._check_dtensor_param(p)
+            return
         if p.layout is not torch.strided:
             raise TypeError(f"flashopt: parameters with layout {p.layout} are not supported")
         if p.dtype not in _DTYPES:
@@ -178,9 +181,71 @@ class FlashOptimizer(Optimizer):
             raise ValueError(f"flashopt: parameter memory must be 16-byte aligned "
                              f"(shape {tuple(p.shape)} at {p.data_ptr():#x})")
 
+    def _check_dtensor_param(self, p) -> None:
+        """A DTensor parameter: checks that depend only on its global
+        metadata (the same verdict on every rank, so no rank waits for
+        another in a collective)."""
+        from . import _dtensor
+        where = f"parameter {self._num_params} (shape {tuple(p.shape)})"
+        err = _dtensor.placement_error(p, where)
+        if err is not None:
+            raise TypeError(err)
+        if p.dtype not in _DTYPES:
+            raise TypeError(f"flashopt: {type(self).__name__} supports bfloat16, float16 and "
+                            f"float32 parameters, not {p.dtype} ({where})")
+        _device_key(p.device)
+        if p.numel() == 0:
+            raise ValueError(f"flashopt: empty parameters are not supported ({where})")
+
     @staticmethod
     def _bundle_key(p: torch.Tensor) -> tuple:
         return (p.dtype, _device_key(p.device))
+
+    def _add_dtensor_group(self, param_group: Dict[str, Any], params) -> None:
+        """add_param_group for DTensor parameters (_dtensor.py): every rank
+        calls it alike; a mismatch across ranks is an error on every rank."""
+        from . import _dtensor
+        if not all(_is_dtensor(p) for p in params) or (self._num_params and
+                                                        self._sharded is None):
+            raise TypeError("flashopt: an optimizer steps either DTensor parameters (FSDP2's "
+                            "fully_shard, Replicate) or plain tensors, not both")
+        for p in params:
+            self._check_param(p)
+        if self._gradient_release is not None:
+            raise RuntimeError("flashopt: add parameters before enabling gradient release")
+        param_group = dict(param_group)
+        param_group["params"] = params
+        super().add_param_group(param_group)  # torch's checks: duplicates, defaults
+        group = self.param_groups[-1]
+        group.setdefault("initial_lr", _float(group["lr"]))
+        gi = len(self.param_groups) - 1
+        if self._sharded is None:
+            self._sharded = _dtensor.ShardedParams(self)
+
+        def bundle_of(p):
+            local = p.to_local()
+            key = self._bundle_key(local)
+            if key not in self._bundles:
+                spec = spec_name(self._rule, p.dtype, self.master_weight_bits, self.quantize,
+                                 self.arithmetic, self.numerics)
+                self._bundles[key] = _Bundle(type(self).__name__, spec, p.dtype, local.device,
+                                             self._mode(p.dtype))
+            return self._bundles[key]
+
+        first = self._num_params
+        fresh = [p for p in params if id(p) not in self._where]
+        self._sharded.add_group(fresh, group, gi, first, self._bundles, bundle_of)
+        for k, p in enumerate(fresh):
+            self._where[id(p)] = (self._sharded.layouts[-len(fresh) + k].bundle, -1)
+            # torch.distributed.checkpoint's get/set_optimizer_state_dict run a
+            # step with zero gradients when `state` is empty (to create
+            # torch.optim's lazy states): flashopt's states exist from the
+            # start, so say so here (they live in libflashopt; state_dict()).
+            self.state[p] = {_dtensor.SPEC_KEY: self._where[id(p)][0].spec}
+        self._num_params += len(fresh)
+        for b in self._bundles.values():
+            b.ensure_groups(len(self.param_groups))
+        self._sync_group(gi)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         params = param_group["params"]
@@ -190,6 +255,8 @@ class FlashOptimizer(Optimizer):
             raise TypeError("optimizer parameters need to be organized in ordered collections")
         else:
             params = list(params)
+        if self._sharded is not None or any(_is_dtensor(p) for p in params):
+            return self._add_dtensor_group(param_group, params)
         for p in params:
             self._check_param(p)
         # Bundles for every (dtype, device) first: a missing one changes nothing.
@@ -323,6 +390,15 @@ class FlashOptimizer(Optimizer):
             warnings.warn("flashopt: step() does nothing while gradient release is enabled "
                           "(parameters are stepped during backward)")
             return loss
+        if self._sharded is not None:
+            # Every rank steps, and the ranks agree on GradScaler's found_inf
+            # in the step's one collective (_dtensor.py).
+            go = self._take_amp_scaling()
+            self._sync_hypers()
+            if self._check_numerics_each_step:
+                self.check_numerics()
+            self._sharded.step(go, self._stream)
+            return loss
         if not self._take_amp_scaling():
             return loss  # GradScaler found an inf: nothing changes, no counter moves
         self._sync_hypers()
@@ -367,6 +443,8 @@ class FlashOptimizer(Optimizer):
     # ---- reports ---------------------------------------------------------------------
     def memory_report(self) -> Dict[str, float]:
         """Exact optimizer-side bytes (libflashopt's report summed over bundles)."""
+        if self._sharded is not None:
+            return self._sharded.memory()  # this rank's
         keys = ["numel", "param_bytes", "correction_bytes", "grad_bytes", "state_bytes",
                 "total_bytes", "total_bytes_with_grad_release", "allocated_bytes"]
         out = {k: 0 for k in keys}
@@ -394,16 +472,25 @@ class FlashOptimizer(Optimizer):
         """Raises NumericsError when some group's lr cannot move its largest
         weight at this master-weight precision (or a parameter is NaN/Inf)."""
         self._sync_hypers()
+        if self._sharded is not None:
+            return self._sharded.check_numerics()  # collective
         return [b.check_numerics() for b in self._bundles.values()]
 
     # ---- master weights ----------------------------------------------------------------
     def export_master(self, p: torch.Tensor) -> torch.Tensor:
-        """The fp32 master weight of parameter p (p plus its correction term)."""
+        """The fp32 master weight of parameter p (p plus its correction term);
+        a DTensor placed like p for a DTensor parameter."""
+        if self._sharded is not None:
+            return self._sharded.export_master(p)
         b, i = self._where[id(p)]
         return b.export_master(i).reshape(p.shape).to(p.device)
 
     def import_master(self, p: torch.Tensor, value: torch.Tensor) -> None:
-        """Sets parameter p (and its correction term) from an fp32 master weight."""
+        """Sets parameter p (and its correction term) from an fp32 master weight.
+        DTensor parameters: `value` is a DTensor placed like p or the full
+        tensor, and the call is collective (every rank, same order)."""
+        if self._sharded is not None:
+            return self._sharded.import_master(p, value)
         b, i = self._where[id(p)]
         b.import_master(i, value)
 
@@ -447,6 +534,7 @@ class FlashOptimizer(Optimizer):
         """A safetensors checkpoint written by libflashopt (atomic). With more
         than one bundle (mixed dtypes), one file per bundle
         (checkpoint_paths)."""
+        self._no_files_for_dtensors()
         fmt = L.CHECKPOINT_COMPRESSED if compressed else L.CHECKPOINT_F32
         for b, f in zip(self._bundle_list(), self.checkpoint_paths(path)):
             b.save(f, fmt)
@@ -454,6 +542,7 @@ class FlashOptimizer(Optimizer):
     def load_checkpoint(self, path) -> None:
         """Loads what save_checkpoint wrote (same spec, same parameters);
         hyper-parameters come back into param_groups."""
+        self._no_files_for_dtensors()
         files = self.checkpoint_paths(path)
         for f in files:
             if not os.path.isfile(f):
@@ -461,6 +550,13 @@ class FlashOptimizer(Optimizer):
         for b, f in zip(self._bundle_list(), files):
             b.load(f)
         self._hypers_from_bundles()
+
+    def _no_files_for_dtensors(self):
+        if self._sharded is not None:
+            raise NotImplementedError(
+                "flashopt: save_checkpoint/load_checkpoint write one process's files; with "
+                "DTensor (FSDP2) parameters use torch.distributed.checkpoint: "
+                "get_optimizer_state_dict / set_optimizer_state_dict with dcp.save / dcp.load")
 
     def _hypers_from_bundles(self):
         """param_groups[i] hyper-parameters from the first bundle (after a load)."""
@@ -476,7 +572,13 @@ class FlashOptimizer(Optimizer):
         """torch's layout ({'state', 'param_groups'}) with fp32 states per
         parameter index ('step', 'exp_avg', ...), plus 'flashopt': the exact
         compressed tensors (codes, scales, correction terms, parameters) and
-        metadata of every bundle, as libflashopt checkpoints them."""
+        metadata of every bundle, as libflashopt checkpoints them.
+
+        DTensor (FSDP2) parameters: per parameter, "step", "flashopt.spec" and
+        the exact compressed states as DTensors of global shapes, for
+        torch.distributed.checkpoint (_dtensor.py)."""
+        if self._sharded is not None:
+            return self._sharded.state_dict(self.param_groups)
         return _state.state_dict(self.param_groups, self._bundle_list())
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -485,11 +587,19 @@ class FlashOptimizer(Optimizer):
         the same parameters ('exp_avg', 'momentum_buffer', ...)."""
         groups = state_dict["param_groups"]
         _state.check_groups(self.param_groups, groups)
+        if self._sharded is not None:
+            self._sharded.load_state_dict(state_dict)  # collective; checks first
+            self._groups_from(groups)
+            return
         bundles = self._bundle_list()
         # Every checkpoint is built and well-formed before any bundle changes;
         # the library validates each fully before it changes anything.
         for b, data in zip(bundles, _state.checkpoints_from_state_dict(bundles, state_dict)):
             b.load_checkpoint_bytes(data)
+        self._groups_from(groups)
+
+    def _groups_from(self, groups) -> None:
+        """param_groups entries (not the parameters) from a loaded state dict."""
         for mine, theirs in zip(self.param_groups, groups):
             for k, v in theirs.items():
                 if k != "params":

@@ -124,6 +124,9 @@ struct ParamRec {
   int64_t accumulated = 0;
   uintptr_t param = 0;
   int64_t paramBytes = 0;
+  /// Registered by flashopt_add_param_piece: its addresses need only the
+  /// alignment the backend's kernels need.
+  bool piece = false;
 };
 
 struct OptObj {
