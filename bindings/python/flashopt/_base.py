@@ -201,6 +201,15 @@ class FlashOptimizer(Optimizer):
     def _bundle_key(p: torch.Tensor) -> tuple:
         return (p.dtype, _device_key(p.device))
 
+    def _mark_state(self, p, b: _Bundle) -> None:
+        """torch.distributed.checkpoint's get/set_optimizer_state_dict run a
+        step with zero gradients when `state` is empty (to create
+        torch.optim's lazy states), which would advance step counters.
+        flashopt's states exist from registration (in libflashopt, read
+        through state_dict()); `state` says so."""
+        from ._dtensor import SPEC_KEY
+        self.state[p] = {SPEC_KEY: b.spec}
+
     def _add_dtensor_group(self, param_group: Dict[str, Any], params) -> None:
         """add_param_group for DTensor parameters (_dtensor.py): every rank
         calls it alike; a mismatch across ranks is an error on every rank."""
@@ -237,11 +246,7 @@ class FlashOptimizer(Optimizer):
         self._sharded.add_group(fresh, group, gi, first, self._bundles, bundle_of)
         for k, p in enumerate(fresh):
             self._where[id(p)] = (self._sharded.layouts[-len(fresh) + k].bundle, -1)
-            # torch.distributed.checkpoint's get/set_optimizer_state_dict run a
-            # step with zero gradients when `state` is empty (to create
-            # torch.optim's lazy states): flashopt's states exist from the
-            # start, so say so here (they live in libflashopt; state_dict()).
-            self.state[p] = {_dtensor.SPEC_KEY: self._where[id(p)][0].spec}
+            self._mark_state(p, self._where[id(p)][0])
         self._num_params += len(fresh)
         for b in self._bundles.values():
             b.ensure_groups(len(self.param_groups))
@@ -297,6 +302,7 @@ class FlashOptimizer(Optimizer):
             idx = b.add(p, gi, self._num_params)
             self._where[id(p)] = (b, idx)
             self._num_params += 1
+            self._mark_state(p, b)
         for b in self._bundles.values():
             b.ensure_groups(len(self.param_groups))
         self._sync_group(gi)
