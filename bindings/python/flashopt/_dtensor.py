@@ -294,6 +294,7 @@ class ShardedParams:
             gid += 1
         self._step_packing = None
 
+    @torch.no_grad()
     def _register(self, p, gid: int, gi: int, b: _Bundle) -> None:
         DTensor, Replicate, Shard = _types()
         G = int(b.info.group_size)
@@ -464,6 +465,7 @@ class ShardedParams:
                     "stepped on any rank")
         return heads
 
+    @torch.no_grad()
     def step(self, go: bool, stream_of) -> bool:
         """One step of every DTensor parameter with a gradient (every rank
         calls it). Returns whether it stepped (False: GradScaler found an
@@ -516,6 +518,20 @@ class ShardedParams:
             lay.step += 1
             self._copy_back(lay)
         return True
+
+    @staticmethod
+    @torch.no_grad()
+    def _refresh(lay: Layout):
+        """This rank's elements of its split groups, from the shard into the
+        scratch (the user may have written the parameter since the last
+        step; the other ranks' elements are refreshed by the next step)."""
+        own = None
+        for pc in lay.pieces:
+            if pc.scratch:
+                if own is None:
+                    own = lay.p.to_local().reshape(-1)
+                x, y = max(pc.start, lay.s), min(pc.end, lay.e)
+                pc.param[x - pc.start:y - pc.start] = own[x - lay.s:y - lay.s]
 
     @staticmethod
     def _copy_back(lay: Layout):
@@ -572,13 +588,16 @@ class ShardedParams:
         """libflashopt's check on this rank's pieces, agreed: a NumericsError
         on every rank when any rank's check fails."""
         reports, err, code, rep = [], "", 0, None
+        for lay in self.layouts:
+            self._refresh(lay)
         for b in self.bundles():
             if not b.params:
                 continue
             try:
                 reports.append(b.check_numerics())
             except L.NumericsError as e:
-                err = err or str(e)
+                msg, suffix = str(e), f" [{e.status}]"
+                err = err or (msg[:-len(suffix)] if msg.endswith(suffix) else msg)
                 code, rep = e.code, e.report
                 reports.append(e.report)
         got = [None] * self.W
@@ -596,11 +615,13 @@ class ShardedParams:
                 return lay
         raise KeyError("flashopt: the parameter is not in this optimizer")
 
+    @torch.no_grad()
     def export_master(self, p):
         """The fp32 master weights of DTensor parameter p, as a DTensor placed
         like p (this rank's elements; no communication)."""
         DTensor, _, _ = _types()
         lay = self.layout_of(p)
+        self._refresh(lay)
         local = p.to_local()
         own = torch.empty(lay.n, dtype=torch.float32)
         for pc in lay.pieces:
@@ -611,6 +632,7 @@ class ShardedParams:
                                   p.placements, run_check=False, shape=p.shape,
                                   stride=p.stride())
 
+    @torch.no_grad()
     def import_master(self, p, value) -> None:
         """Sets DTensor parameter p from fp32 master weights: a DTensor placed
         like p, or the full tensor. Collective: every rank calls it for the
@@ -644,6 +666,7 @@ class ShardedParams:
         self._copy_back(lay)
 
     # ---- state dicts ---------------------------------------------------------------------
+    @torch.no_grad()
     def state_dict(self, param_groups) -> Dict[str, Any]:
         """torch's layout: per parameter index "step", SPEC_KEY and the exact
         states as DTensors with the parameter's global shape (per-element
@@ -676,6 +699,7 @@ class ShardedParams:
             state[lay.gid] = entry
         return {"state": state, "param_groups": groups}
 
+    @torch.no_grad()
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
         """Loads a state_dict() of any world size (DCP resharded it to this
         rank's placement), or DCP's full state (plain tensors). Collective.

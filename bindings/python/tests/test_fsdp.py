@@ -411,3 +411,162 @@ def test_dcp_round_trip_and_resharding(tmp_path):
         opt.step()
     same = [torch.equal(a, b) for a, b in zip(full_params(model), ref)]
     assert all(same), same
+
+
+# ---- the rest of the optimizer, sharded ------------------------------------------------------
+def _features_worker(rank, W, mesh, out):
+    from torch.distributed.tensor import DTensor
+    name = "adamw_bf16_m24"
+    _, dtype, kw = CONFIGS[name]
+    res = {}
+    model = shard(make_model(dtype), mesh)
+    opt = make_opt(name, model.parameters())
+    for s in range(2):
+        set_grads(model, s, mesh)
+        # Clipping by the global norm: torch's, over the DTensor gradients.
+        res[f"norm{s}"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))
+        opt.step()
+    # GradScaler's found_inf on one rank only: every rank skips, no counter moves.
+    before = full_params(model)
+    set_grads(model, 2, mesh)
+    opt.found_inf = torch.tensor(1.0 if rank == 1 else 0.0)
+    opt.grad_scale = torch.tensor(1.0)
+    opt.step()
+    del opt.found_inf, opt.grad_scale
+    assert all(torch.equal(a, b) for a, b in zip(full_params(model), before))
+    assert all(lay.step == 2 for lay in opt._sharded.layouts)
+    # fp32 master weights: export (a DTensor placed like the parameter), then
+    # import a changed copy (collective).
+    p = model.blocks[0].qkv.weight
+    m = opt.export_master(p)
+    assert isinstance(m, DTensor) and m.placements == p.placements and m.shape == p.shape
+    res["master"] = m.full_tensor()
+    opt.import_master(p, m + 1e-3)
+    res["reimported"] = opt.export_master(p).full_tensor()
+    set_grads(model, 2, mesh)
+    opt.step()
+    res["params"] = full_params(model)
+    # The memory report is this rank's.
+    res["memory"] = opt.memory_report()
+    sd = opt.get_fp32_model_state_dict(model)
+    assert isinstance(sd["head.weight"], DTensor) and sd["head.weight"].dtype == torch.float32
+    # check_numerics: one rank's element its lr cannot move is an error on
+    # every rank.
+    opt.check_numerics()  # lr 1e-2 moves every weight
+    if rank == 1:
+        with torch.no_grad():
+            model.head.weight.to_local()[0, 0] = 1e4
+    with pytest.raises(flashopt.NumericsError, match="rank 1"):
+        opt.check_numerics()
+    mems = [None] * W
+    dist.all_gather_object(mems, res["memory"])
+    if rank == 0:
+        res["memories"] = mems
+        torch.save(res, out)
+
+
+def test_clipping_scaler_master_numerics_memory(tmp_path):
+    out = tmp_path / "res.pt"
+    spawn(3, _features_worker, str(out))
+    got = torch.load(out, weights_only=False)
+    name = "adamw_bf16_m24"
+    _, dtype, kw = CONFIGS[name]
+    model = make_model(dtype)
+    opt = make_opt(name, model.parameters())
+    for s in range(2):
+        set_grads(model, s, None)
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))
+        assert abs(norm - got[f"norm{s}"]) <= 1e-5 * norm
+        opt.step()
+    p = model.blocks[0].qkv.weight
+    assert torch.equal(opt.export_master(p), got["master"])
+    opt.import_master(p, got["master"] + 1e-3)
+    assert torch.equal(opt.export_master(p), got["reimported"])
+    set_grads(model, 2, None)
+    opt.step()
+    # Clipping's norm differs in the last bits (its sums run in another
+    # order), so the parameters agree to within one bf16 step, not bitwise.
+    for a, b in zip(got["params"], full_params(model)):
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)
+    mems = got["memories"]
+    total = sum(x.numel() for x in model.parameters())
+    assert sum(m["numel"] for m in mems) == total
+    single = opt.memory_report()
+    for r, m in enumerate(mems):
+        print(f"W=3 rank {r}: {m['numel']} elements, {m['bytes_per_param']:.3f} B/param "
+              f"(one process: {single['bytes_per_param']:.3f})")
+        assert m["state_bytes"] > 0 and m["bytes_per_param"] < 2 * single["bytes_per_param"]
+
+
+# ---- errors on every rank, never a hang -------------------------------------------------------
+def _errors_worker(rank, W, mesh, out):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    seen = []
+    # A placement flashopt does not step (tensor parallelism's Shard(1)),
+    # refused by name.
+    tp = nn.Parameter(distribute_tensor(torch.zeros(4, 40), mesh, [Shard(1)]))
+    with pytest.raises(TypeError, match=r"Shard\(dim=1\)"):
+        flashopt.FlashAdamW([tp])
+    seen.append("Shard(1)")
+    # A 2-D mesh (HSDP, tensor + data parallelism).
+    mesh2 = init_device_mesh("cpu", (1, W), mesh_dim_names=("replicate", "shard"))
+    hp = nn.Parameter(distribute_tensor(torch.zeros(8, 40), mesh2, [Replicate(), Shard(0)]))
+    with pytest.raises(TypeError, match="2-D device mesh"):
+        flashopt.FlashAdamW([hp])
+    seen.append("2-D mesh")
+    # Options that differ across ranks.
+    model = shard(make_model(torch.bfloat16), mesh)
+    with pytest.raises(ValueError, match="differs across ranks.*rank 1"):
+        flashopt.FlashAdamW(model.parameters(), lr=1e-3 * (1 + rank))
+    with pytest.raises(ValueError, match="differs across ranks"):
+        flashopt.FlashAdamW(model.parameters(), master_weight_bits=24 if rank else 32)
+    seen.append("options")
+    opt = flashopt.FlashAdamW(model.parameters(), lr=1e-3)
+    before = full_params(model)
+    # Gradients on some ranks only.
+    set_grads(model, 0, mesh)
+    if rank == 1:
+        model.head.weight.grad = None
+    with pytest.raises(RuntimeError, match="different parameters"):
+        opt.step()
+    seen.append("gradients on some ranks")
+    # A bad gradient on one rank: every rank reports it.
+    set_grads(model, 0, mesh)
+    if rank == 0:  # a gradient whose local shard is not contiguous
+        g = model.head.weight.grad
+        loc = g.to_local()
+        odd = torch.empty(loc.shape[::-1], dtype=loc.dtype).t()
+        odd.copy_(loc)
+        model.head.weight.grad = DTensor.from_local(odd, mesh, g.placements, run_check=False,
+                                                    shape=g.shape, stride=g.stride())
+    with pytest.raises(RuntimeError, match="rank 0 could not step.*contiguous"):
+        opt.step()
+    seen.append("a bad gradient")
+    # Hyper-parameters that drift apart (a scheduler run on one rank).
+    set_grads(model, 0, mesh)
+    if rank == 1:
+        opt.param_groups[0]["lr"] = 5e-4
+    with pytest.raises(RuntimeError, match="hyper-parameters .* differ"):
+        opt.step()
+    seen.append("hyper-parameters")
+    # Nothing was stepped; agreeing again, the ranks step.
+    assert all(torch.equal(a, b) for a, b in zip(full_params(model), before))
+    opt.param_groups[0]["lr"] = 1e-3
+    set_grads(model, 0, mesh)
+    opt.step()
+    assert not torch.equal(full_params(model)[0], before[0])
+    seen.append("recovered")
+    got = [None] * W
+    dist.all_gather_object(got, seen)
+    if rank == 0:
+        torch.save(got, out)
+
+
+def test_errors_on_every_rank_without_a_hang(tmp_path):
+    out = tmp_path / "seen.pt"
+    spawn(2, _errors_worker, str(out))
+    seen = torch.load(out)
+    want = ["Shard(1)", "2-D mesh", "options", "gradients on some ranks", "a bad gradient",
+            "hyper-parameters", "recovered"]
+    assert seen == [want, want]
