@@ -288,10 +288,22 @@ class ShardedParams:
                self.W, gi, sorted((k, repr(v)) for k, v in group.items() if k != "params")]
         sig += [(tuple(p.shape), str(p.dtype), str(p.placements[0])) for p in params]
         self._collective_check(sig, "the param group " + str(gi))
-        gid = first_gid
-        for p in params:
-            self._register(p, gid, gi, make_bundle(p))
-            gid += 1
+        # Registration can fail on one rank only (e.g. a piece the device
+        # cannot address): every rank learns it.
+        err = ""
+        try:
+            gid = first_gid
+            for p in params:
+                self._register(p, gid, gi, make_bundle(p))
+                gid += 1
+        except Exception as e:
+            err = f"{type(e).__name__}: {e}"
+        got = [None] * self.W
+        dist.all_gather_object(got, err, group=self.group)
+        for q, e in enumerate(got):
+            if e:
+                raise RuntimeError(f"flashopt: rank {q} could not register the param group "
+                                   f"{gi}: {e}")
         self._step_packing = None
 
     @torch.no_grad()

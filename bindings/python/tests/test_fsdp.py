@@ -570,3 +570,15 @@ def test_errors_on_every_rank_without_a_hang(tmp_path):
     want = ["Shard(1)", "2-D mesh", "options", "gradients on some ranks", "a bad gradient",
             "hyper-parameters", "recovered"]
     assert seen == [want, want]
+
+
+# ---- the example ---------------------------------------------------------------------------------
+def test_example_resumes_bit_for_bit(tmp_path):
+    import subprocess
+    script = Path(__file__).resolve().parents[3] / "examples" / "python" / "fsdp_charlm.py"
+    p = subprocess.run([sys.executable, str(script), "--steps", "8", "--layers", "1",
+                        "--dim", "32", "--heads", "2", "--corpus-bytes", "200000",
+                        "--no-progress", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, env=dict(os.environ), timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "resumed run matches the uninterrupted one bit for bit: True" in p.stdout
