@@ -427,6 +427,13 @@ class FlashOptimizer(Optimizer):
 
     def _step_one(self, p: torch.Tensor):
         """Steps one parameter now (gradient release)."""
+        if self._sharded is not None:
+            # FSDP2 calls the hook after the reduce-scatter, on every rank in
+            # the same order: the parameter's split groups are exchanged.
+            lay = self._sharded.layout_of(p)
+            self._sync_group(lay.gi)
+            self._sharded.step(True, self._stream, only=lay)
+            return
         b, i = self._where[id(p)]
         g = p.grad
         if g is None:

@@ -245,7 +245,7 @@ class ShardedParams:
         self.group = None
         self.rank, self.W = 0, 1
         self.device = None
-        self._step_packing: Optional[_Packing] = None
+        self._packings: Dict[Any, _Packing] = {}
 
     # ---- registration ----------------------------------------------------------------
     def _collective_check(self, what: List[Any], where: str):
@@ -304,7 +304,7 @@ class ShardedParams:
             if e:
                 raise RuntimeError(f"flashopt: rank {q} could not register the param group "
                                    f"{gi}: {e}")
-        self._step_packing = None
+        self._packings = {}
 
     @torch.no_grad()
     def _register(self, p, gid: int, gi: int, b: _Bundle) -> None:
@@ -357,12 +357,12 @@ class ShardedParams:
         return hashlib.blake2b(repr((vals, o._kernel_grad_scale)).encode(),
                                digest_size=8).digest()
 
-    def _local_grads(self):
+    def _local_grads(self, layouts: List[Layout]):
         """(error text, present flags, flat local gradients); checks only."""
         DTensor, _, _ = _types()
         present, grads = [], []
         err = ""
-        for lay in self.layouts:
+        for lay in layouts:
             p = lay.p
             g = p.grad
             if g is None:
@@ -417,8 +417,8 @@ class ShardedParams:
         err = h[40:40 + ne].decode("utf-8", "replace")
         return go, hyp, pres, npres, err
 
-    def _exchange(self, header: bytes, fields: List[List[Optional[torch.Tensor]]],
-                  packing: _Packing) -> torch.Tensor:
+    def _exchange(self, header: bytes, layouts: List[Layout],
+                  fields: List[List[Optional[torch.Tensor]]], packing: _Packing) -> torch.Tensor:
         """All ranks' buffers (W, bytes): the header, then each halo layout's
         split-group parts of each field (fields[layout][field]: its flat own
         elements, or None to send zeros)."""
@@ -426,7 +426,7 @@ class ShardedParams:
         send = torch.zeros(packing.bytes, dtype=torch.uint8, device=dev)
         if header:
             send[:len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(dev)
-        for li, lay in enumerate(self.layouts):
+        for li, lay in enumerate(layouts):
             if not lay.halo or lay.n == 0:
                 continue
             for fi, own in enumerate(fields[li]):
@@ -478,25 +478,28 @@ class ShardedParams:
         return heads
 
     @torch.no_grad()
-    def step(self, go: bool, stream_of) -> bool:
-        """One step of every DTensor parameter with a gradient (every rank
-        calls it). Returns whether it stepped (False: GradScaler found an
-        inf on some rank; nothing changed anywhere)."""
-        err, present, grads = self._local_grads()
-        if self._step_packing is None:
-            self._step_packing = _Packing(self.layouts, 2, _HEADER)
-        packing = self._step_packing
+    def step(self, go: bool, stream_of, only: Optional[Layout] = None) -> bool:
+        """One step of every DTensor parameter with a gradient, or of `only`
+        (gradient release). Every rank calls it, for the same parameters.
+        Returns whether it stepped (False: GradScaler found an inf on some
+        rank; nothing changed anywhere)."""
+        layouts = self.layouts if only is None else [only]
+        key = None if only is None else only.gid
+        err, present, grads = self._local_grads(layouts)
+        if key not in self._packings:
+            self._packings[key] = _Packing(layouts, 2, _HEADER)
+        packing = self._packings[key]
         fields = []
-        for li, lay in enumerate(self.layouts):
+        for li, lay in enumerate(layouts):
             own_p = lay.p.to_local().reshape(-1) if lay.n else None
             fields.append([grads[li], own_p])
-        recv = self._exchange(self._header(go, err, present), fields, packing)
+        recv = self._exchange(self._header(go, err, present), layouts, fields, packing)
         heads = self._agree(recv)
         if not all(h[0] for h in heads):
             return False
         # Fill the split groups; point the middle pieces at the gradients.
         plans: Dict[int, Tuple[_Bundle, List[int], List[int], List[int]]] = {}
-        for li, lay in enumerate(self.layouts):
+        for li, lay in enumerate(layouts):
             b = lay.bundle
             plan = plans.setdefault(id(b), (b, [], [], []))
             g = grads[li]
@@ -524,7 +527,7 @@ class ShardedParams:
                     b.step_param(i)
             if wait:
                 b.synchronize()
-        for li, lay in enumerate(self.layouts):
+        for li, lay in enumerate(layouts):
             if grads[li] is None:
                 continue
             lay.step += 1
@@ -651,7 +654,6 @@ class ShardedParams:
         same parameters in the same order (the split groups are exchanged)."""
         DTensor, _, _ = _types()
         lay = self.layout_of(p)
-        li = self.layouts.index(lay)
         if isinstance(value, DTensor):
             own = value.to_local().detach().reshape(-1)
         else:
@@ -664,14 +666,12 @@ class ShardedParams:
             raise ValueError(f"flashopt: import_master: {own.numel()} local values where "
                              f"this rank holds {lay.n}")
         own = own.to(device="cpu", dtype=torch.float32)
-        fields = [[None] for _ in self.layouts]
-        fields[li] = [own]
-        packing = _Packing([x if x is lay else _NO_HALO for x in self.layouts], 1, 0)
-        recv = self._exchange(b"", fields, packing) if lay.halo else None
+        packing = _Packing([lay], 1, 0)
+        recv = self._exchange(b"", [lay], [[own]], packing).cpu() if lay.halo else None
         for pc in lay.pieces:
             vals = torch.empty(pc.end - pc.start, dtype=torch.float32)
             if pc.scratch:
-                self._fill(lay, li, 0, own, recv.cpu(), packing, pc, vals)
+                self._fill(lay, 0, 0, own, recv, packing, pc, vals)
             else:
                 vals.copy_(own[pc.start - lay.s:pc.end - lay.s])
             lay.bundle.import_master(pc.index, vals)
@@ -742,7 +742,7 @@ class ShardedParams:
         for lay, (own, _) in zip(self.layouts, owns):
             names = elem_buffers(lay.bundle)
             fields.append([own[n] for n in names] + [None] * (nf - len(names)))
-        recv = self._exchange(b"", fields, packing).cpu() if nf else None
+        recv = self._exchange(b"", self.layouts, fields, packing).cpu() if nf else None
         datas = []
         for b in self.bundles():
             if not b.params:
@@ -764,13 +764,6 @@ class ShardedParams:
             b.load_checkpoint_bytes(data)
         for lay, (_, step) in zip(self.layouts, owns):
             lay.step = step
-
-
-class _NoHalo:
-    halo = False
-
-
-_NO_HALO = _NoHalo()
 
 
 # ---- the exact per-parameter state format (shared with single-process loads) -----------

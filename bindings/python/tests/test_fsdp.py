@@ -18,6 +18,8 @@ whose smallest layers leave a rank with zero rows at W = 3.
 - Gradient clipping (torch's clip_grad_norm_ on DTensor gradients),
   GradScaler's found_inf on one rank only (every rank skips),
   check_numerics, fp32 master export/import, the memory report per rank.
+- Gradient release (each reduce-scattered shard stepped and freed in backward)
+  is bit-identical to stepping after backward, with a lower gradient peak.
 - Errors on every rank and no hang: an unsupported placement (Shard(1)),
   options that differ across ranks, gradients on some ranks only, a bad
   gradient on one rank. Every collective has a 60 s timeout.
@@ -570,6 +572,59 @@ def test_errors_on_every_rank_without_a_hang(tmp_path):
     want = ["Shard(1)", "2-D mesh", "options", "gradients on some ranks", "a bad gradient",
             "hyper-parameters", "recovered"]
     assert seen == [want, want]
+
+
+# ---- gradient release -----------------------------------------------------------------------
+def _grad_storage_bytes(params):
+    """Bytes of the storages that the (sharded) parameters' local gradients
+    hold. (During backward, model.parameters() are FSDP's unsharded ones.)"""
+    seen = {}
+    for p in params:
+        if p.grad is not None:
+            st = p.grad.to_local().untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _release_worker(rank, W, mesh, out):
+    name = "adamw_bf16_m24"
+    _, dtype, kw = CONFIGS[name]
+    runs = {}
+    for release in (False, True):
+        model = shard(make_model(dtype), mesh)
+        opt = make_opt(name, model.parameters())
+        peak = [0]
+        params = list(model.parameters())
+        if release:
+            # Measured before the release hook frees each gradient.
+            for p in params:
+                p.register_post_accumulate_grad_hook(
+                    lambda p, params=params: peak.__setitem__(
+                        0, max(peak[0], _grad_storage_bytes(params))))
+            flashopt.enable_gradient_release(model, opt)
+        for s in range(STEPS):
+            loss_of(model, batch(s, rank)).backward()
+            if release:
+                assert all(p.grad is None for p in model.parameters())
+            else:
+                peak[0] = max(peak[0], _grad_storage_bytes(params))
+                opt.step()
+                opt.zero_grad()
+        runs[release] = (full_params(model), peak[0])
+    if rank == 0:
+        torch.save(runs, out)
+
+
+@pytest.mark.parametrize("W", [2, 3])
+def test_gradient_release_is_bit_identical(tmp_path, W):
+    out = tmp_path / "runs.pt"
+    spawn(W, _release_worker, str(out))
+    runs = torch.load(out)
+    (after, peak_after), (released, peak_released) = runs[False], runs[True]
+    assert all(torch.equal(a, b) for a, b in zip(after, released))
+    print(f"W={W}: rank 0 gradient bytes at the peak: {peak_after} stepping after backward, "
+          f"{peak_released} with gradient release")
+    assert peak_released < peak_after
 
 
 # ---- the example ---------------------------------------------------------------------------------
