@@ -43,9 +43,9 @@ int main(int argc, char **argv) {
   }
   const int64_t n = argc > 2 ? int64_t(std::atof(argv[2])) : int64_t(1) << 24;
   const int threads = argc > 3 ? std::atoi(argv[3]) : 1;
-  OptimizerOptions oo;
+  CpuOptimizerOptions oo;
   oo.threads = threads;
-  auto opt = CpuOptimizer::create(argv[1], LoadOptions{}, oo);
+  auto opt = CpuOptimizer::create(argv[1], CpuLoadOptions{}, oo);
   if (!opt) {
     std::fprintf(stderr, "%s\n", opt.error().c_str());
     return 1;

@@ -311,8 +311,8 @@ int main(int argc, char **argv) {
 
   int failures = 0;
   for (const std::string &name : names) {
-    LoadOptions lo;
-    auto bundle = Bundle::load(kernels + "/" + name, lo);
+    CpuLoadOptions lo;
+    auto bundle = CpuBundle::load(kernels + "/" + name, lo);
     if (!bundle) {
       std::printf("| %s | error: %s |\n", name.c_str(), bundle.error().c_str());
       ++failures;
@@ -334,7 +334,7 @@ int main(int argc, char **argv) {
       fill(m.grad, g.get(), n, 1e-2f, 2);
       std::memset(cs.get(), 1, size_t(copyBytes));
       std::memset(cd.get(), 0, size_t(copyBytes));
-      OptimizerOptions oo;
+      CpuOptimizerOptions oo;
       oo.threads = 1;
       auto opt = CpuOptimizer::create(*bundle, oo);
       if (!opt) {

@@ -253,8 +253,8 @@ llvm::Expected<abi::Manifest> driver::describeBundle(const CompileJob &job,
   m.grad = *storageDType(optimizer.getGrad());
   if (auto a = optimizer->getAttrOfType<StringAttr>("flashopt.arithmetic"))
     m.arithmetic = a.getValue().str();
-  m.numerics = getNumerics(optimizer) == Numerics::FlashOptim ? "flashoptim"
-                                                              : "bounded";
+  m.numerics =
+      getNumerics(optimizer) == Numerics::FlashOptim ? "flashoptim" : "bounded";
   if (MasterAttr acc = optimizer.getAccumulateAttr()) {
     abi::AccumulatorSpec a;
     a.dtype = *storageDType(acc.getParamType());

@@ -250,7 +250,7 @@ void checkCpuVsGpu(const std::string &dir,
                    Outcome &out) {
   const std::shared_ptr<CudaContext> &ctx = gb->context();
   const Manifest &m = gb->manifest();
-  LoadOptions lo;
+  CpuLoadOptions lo;
   lo.use_env = false;
   auto cpu = CpuOptimizer::create(dir, lo);
   if (!cpu) {

@@ -260,7 +260,7 @@ struct AbiOpt {
 /// that tensor alone (in its param group).
 std::unique_ptr<CpuOptimizer> hostOpt(const std::string &spec, Model &model,
                                    int only = -1) {
-  OptimizerOptions oo;
+  CpuOptimizerOptions oo;
   oo.threads = 3; // another split than the ABI's: results must not depend on it
   Expected<std::unique_ptr<CpuOptimizer>> o =
       CpuOptimizer::create(bundleDir(spec), {}, oo);

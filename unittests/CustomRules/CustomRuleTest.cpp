@@ -43,8 +43,8 @@ bool sameBits(float a, float b) {
 } // namespace
 
 TEST_CASE("custom rule file: signSGD steps exactly as written") {
-  auto opt = CpuOptimizer::create(bundleDir("sign_sgd_f32"), LoadOptions{},
-                               OptimizerOptions{2, 1});
+  auto opt = CpuOptimizer::create(bundleDir("sign_sgd_f32"), CpuLoadOptions{},
+                               CpuOptimizerOptions{2, 1});
   REQUIRE_MESSAGE(opt.ok(), opt.error());
   Optimizer &o = **opt;
   CHECK(o.manifest().rule == "file:sign_sgd.mlir");
@@ -88,8 +88,8 @@ TEST_CASE("custom rule file: signSGD steps exactly as written") {
 }
 
 TEST_CASE("custom rule file: Adam with eps inside the sqrt") {
-  auto opt = CpuOptimizer::create(bundleDir("adam_eps_inside_f32"), LoadOptions{},
-                               OptimizerOptions{1, 1});
+  auto opt = CpuOptimizer::create(bundleDir("adam_eps_inside_f32"), CpuLoadOptions{},
+                               CpuOptimizerOptions{1, 1});
   REQUIRE_MESSAGE(opt.ok(), opt.error());
   Optimizer &o = **opt;
   REQUIRE(o.set_hyper(0, "lr", 0.05f).ok());

@@ -184,7 +184,7 @@ Outcome compare(const std::string &dir, int chip, const Run &run) {
                 " for sm_" + std::to_string(chip);
     return out;
   }
-  LoadOptions lo;
+  CpuLoadOptions lo;
   lo.use_env = false;
   auto cpuOr = CpuOptimizer::create(dir, lo);
   if (!cpuOr.ok()) {

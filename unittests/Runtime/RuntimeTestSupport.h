@@ -44,8 +44,8 @@ inline const std::string kBundle = FLASHOPT_FAKE_SGD_BUNDLE;
 
 /// Loads without looking at FLASHOPT_CPU, so the tests do not depend on the
 /// environment they run in.
-inline LoadOptions noEnv(std::string cpu = "") {
-  LoadOptions o;
+inline CpuLoadOptions noEnv(std::string cpu = "") {
+  CpuLoadOptions o;
   o.cpu = std::move(cpu);
   o.use_env = false;
   return o;
@@ -86,11 +86,11 @@ inline std::string makeBundle(const std::string &name, const json &manifest,
   return dir.string();
 }
 
-inline std::unique_ptr<CpuOptimizer> makeOptimizer(const OptimizerOptions &opts = {},
+inline std::unique_ptr<CpuOptimizer> makeOptimizer(const CpuOptimizerOptions &opts = {},
                                          const std::string &dir = kBundle) {
   // Other manifests laid over the stand-in kernel (layout tests) do not
   // match its ABI description; the shipped fake bundle does.
-  LoadOptions load = noEnv();
+  CpuLoadOptions load = noEnv();
   load.check_kernel_abi = dir == kBundle;
   auto o = CpuOptimizer::create(dir, load, opts);
   REQUIRE_MESSAGE(o.ok(), o.error());

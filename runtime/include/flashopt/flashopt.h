@@ -536,145 +536,30 @@ flashopt_save_checkpoint(flashopt_optimizer opt, const char *path,
 FLASHOPT_API flashopt_status flashopt_load_checkpoint(flashopt_optimizer opt,
                                                       const char *path);
 
-/*===----------------------------------------------------------------------===*
- * Data parallelism
- *===----------------------------------------------------------------------===*/
-
-/** A communicator: the collectives of an existing engine (MPI:
- *  flashopt_mpi.h; NCCL on device buffers: flashopt_nccl.h; or a
- *  framework's own process group through the same table), as a table of
- *  functions. libflashopt builds every reduction
- *  of data-parallel training on these few primitives; it moves no bytes of
- *  its own. */
-typedef struct flashopt_comm_s *flashopt_comm;
-
-/** The engine behind a communicator. Every function returns 0 on success
- *  or an engine error code (described by `error_string`), and is called by
- *  every rank in the same order (a collective). Buffers are host memory
- *  (except reduce_mean_device's). Zero-initialize the table: the optional
- *  entries, appended over time, are absent when NULL. */
-typedef struct flashopt_comm_backend {
-  /** FLASHOPT_ABI_VERSION of the header the backend was built against. */
-  int32_t abi_version;
-  /** "mpi", "nccl", ...: for messages. */
-  const char *name;
-  /** This process's rank and the number of ranks. */
-  int32_t rank, size;
-  /** The engine's state, passed to every function. */
-  void *self;
-  /** recv[r * bytes ...] = rank r's `send` (`bytes` each), for every r. */
-  int (*all_gather)(void *self, const void *send, void *recv, size_t bytes);
-  /** Block r of `send` (`bytes` each) goes to rank r; block r of `recv`
-   *  comes from rank r. */
-  int (*all_to_all)(void *self, const void *send, void *recv, size_t bytes);
-  /** `bytes` of `buf` on rank `root` are copied to `buf` on every rank. */
-  int (*broadcast)(void *self, void *buf, size_t bytes, int32_t root);
-  /** Optional (may be NULL): recv = the sum over ranks of block `rank` of
-   *  `send` (`count` floats per block), in the engine's own order. Used by
-   *  FLASHOPT_REDUCE_FAST only. */
-  int (*reduce_scatter_f32)(void *self, const float *send, float *recv,
-                            size_t count);
-  /** Text for an error code (may be NULL). */
-  const char *(*error_string)(void *self, int code);
-  /** Releases `self` (may be NULL), called once by flashopt_comm_destroy. */
-  void (*destroy)(void *self);
-  /** Optional (may be NULL; NCCL: flashopt_nccl.h): averages gradients in
-   *  CUDA device memory, in place, over the ranks. `pieces[i]` is a device
-   *  pointer to `counts[i]` elements of `dtype` (a flashopt_dtype); `mode`
-   *  is a flashopt_reduce_mode with the same contract as the host path:
-   *  fp32 sums of the W contributions (in rank order for DETERMINISTIC),
-   *  divided by W and rounded once to `dtype`, each element reduced once by
-   *  its owner and gathered, the elements taken in piece order. When set,
-   *  optimizers on FLASHOPT_DEVICE_CUDA contexts reduce through it and their
-   *  gradients never leave the device; the other functions above still get
-   *  host memory. */
-  int (*reduce_mean_device)(void *self, void *const *pieces,
-                            const int64_t *counts, size_t num_pieces,
-                            int32_t dtype, int32_t mode);
-} flashopt_comm_backend;
-
-/** Wraps `backend` (copied) in a communicator handle. */
+/** The bytes flashopt_save_checkpoint would write to a file, in memory
+ *  (no temporary file): `*data` is `*size` bytes the library allocated,
+ *  released with flashopt_buffer_free. On failure `*data` and `*size` are
+ *  unchanged. With sharded data parallelism every rank calls it (the state
+ *  is gathered) and every rank gets the bytes. */
 FLASHOPT_API flashopt_status
-flashopt_comm_create(const flashopt_comm_backend *backend, flashopt_comm *out);
-/** Destroys a communicator (its backend's destroy runs). Optimizers that use
- *  it must be destroyed first. */
-FLASHOPT_API flashopt_status flashopt_comm_destroy(flashopt_comm comm);
-/** This process's rank and the world size (either pointer may be NULL). */
-FLASHOPT_API flashopt_status flashopt_comm_get_rank(flashopt_comm comm,
-                                                    int32_t *rank,
-                                                    int32_t *size);
-
-/** How gradients are reduced across ranks. */
-typedef enum flashopt_reduce_mode {
-  /** Each element's owner rank sums the W contributions in rank order in
-   *  fp32: bitwise reproducible, and equal to a single process that sums
-   *  the same way. The default. */
-  FLASHOPT_REDUCE_DETERMINISTIC = 0,
-  /** The engine's own fp32 reduce-scatter (its order). */
-  FLASHOPT_REDUCE_FAST = 1
-} flashopt_reduce_mode;
-
-/** Replicated data parallelism (DDP semantics) over `comm`, called by every
- *  rank after all parameters are registered: checks that every rank
- *  registered the same layout (spec, parameter names, sizes, dtypes, param
- *  groups; a mismatch is FLASHOPT_ERROR_MISMATCH on every rank, naming the
- *  first difference), then copies parameters, correction terms and states
- *  from rank 0. From then on flashopt_step first averages the gradients
- *  over the ranks (fp32 sums, rounded once to the gradient dtype; each
- *  element reduced once by its owner and then gathered, so the replicas stay
- *  bit-identical by construction), in buckets of at most `bucket_bytes` of
- *  gradient (0: 25 MiB) in registration order, then steps; under
- *  FLASHOPT_NONFINITE_SKIP the ranks agree: a NaN/Inf on any rank skips the
- *  step on all. With gradient accumulation (flashopt_accumulate) the step
- *  reduces the accumulators instead and scales by 1/(N * W) (docs/RUNTIME.md
- *  "Gradient accumulation with data parallelism"). Registering more
- *  parameters afterwards, flashopt_step_param
- *  (gradient release) and a second attach are FLASHOPT_ERROR_STATE. */
+flashopt_save_checkpoint_buffer(flashopt_optimizer opt,
+                                flashopt_checkpoint_format format, void **data,
+                                size_t *size);
+/** Loads checkpoint bytes in memory (`size` bytes at `data`, which the
+ *  caller keeps: they are copied), as flashopt_load_checkpoint loads a
+ *  file: the same validation, and nothing changed unless all of it fits. */
 FLASHOPT_API flashopt_status
-flashopt_optimizer_attach_comm(flashopt_optimizer opt, flashopt_comm comm,
-                               flashopt_reduce_mode mode, size_t bucket_bytes);
-/** Sharded data parallelism (ZeRO-1) over `comm`: the same checks, copy
- *  from rank 0 and buckets as flashopt_optimizer_attach_comm, but each rank
- *  keeps only its shard of the correction terms and states (every tensor is
- *  cut at quantization-group boundaries into W contiguous ranges, one per
- *  rank; a tensor of fewer than W groups leaves some ranks none of it).
- *  flashopt_step reduce-scatters each bucket's gradients to their owners,
- *  steps the owned ranges and all-gathers the parameters: with
- *  FLASHOPT_REDUCE_DETERMINISTIC the parameters equal replicated mode's bit
- *  for bit after every step. The callers' gradient buffers are left as they
- *  were unless gradient-norm clipping is on (then they receive the averaged
- *  gradients, as in replicated mode, and the norm is the same). The memory
- *  report counts this rank's shard. On CUDA contexts the shards live in
- *  device memory and the collectives stage through host memory
- *  (docs/RUNTIME.md "Sharded mode (ZeRO-1)"). Checkpoints are collective: every
- *  rank calls flashopt_save_checkpoint, rank 0 writes the single-process
- *  format; a load (before or after attaching, at any W) keeps each rank's
- *  shard. Reading correction terms or states (checkpoint save,
- *  flashopt_export_master_f32, flashopt_check_numerics) is collective in
- *  this mode: every rank calls it in the same order. Gradient release is
- *  FLASHOPT_ERROR_STATE. */
-FLASHOPT_API flashopt_status
-flashopt_optimizer_attach_comm_sharded(flashopt_optimizer opt,
-                                       flashopt_comm comm,
-                                       flashopt_reduce_mode mode,
-                                       size_t bucket_bytes);
-/** The number of gradient buckets (1 without a communicator). */
-FLASHOPT_API flashopt_status flashopt_num_buckets(flashopt_optimizer opt,
-                                                  int32_t *out);
-/** The parameters of bucket `bucket`: indices [*first, *first + *count). */
-FLASHOPT_API flashopt_status flashopt_bucket_params(flashopt_optimizer opt,
-                                                    int32_t bucket,
-                                                    int64_t *first,
-                                                    int64_t *count);
-/** Averages bucket `bucket`'s gradients now, as soon as they are final (to
- *  overlap communication with the rest of the backward pass); every rank
- *  must reduce the same buckets in the same order. flashopt_step reduces
- *  the buckets not reduced yet, in order. */
-FLASHOPT_API flashopt_status flashopt_reduce_bucket(flashopt_optimizer opt,
-                                                    int32_t bucket);
+flashopt_load_checkpoint_buffer(flashopt_optimizer opt, const void *data,
+                                size_t size);
+/** Releases a buffer the library allocated (flashopt_save_checkpoint_buffer);
+ *  NULL is ignored. */
+FLASHOPT_API void flashopt_buffer_free(void *data);
 
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+/* Data parallelism: communicators, attaching them, gradient buckets. */
+#include "flashopt_dist.h"
 
 #endif /* FLASHOPT_H */

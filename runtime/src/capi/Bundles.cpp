@@ -1,4 +1,4 @@
-//===- Bundles.cpp - Optimizers from bundle directories and embedded bundles --===//
+//===- Bundles.cpp - Optimizers from bundle directories and embedded ones -===//
 //
 // Part of flashopt.
 //
@@ -32,23 +32,17 @@ namespace {
     fail(FLASHOPT_ERROR_NOT_FOUND, "bundle " + quote(dir) +
                                        " has no manifest.json (" +
                                        std::strerror(err) + ")");
-  const std::string &m = s.message();
-  if (m.find("CUDA_ERROR") != std::string::npos)
-    fail(FLASHOPT_ERROR_CUDA, m);
-  if (m.find("no GPU kernel") != std::string::npos ||
-      m.find("no CPU kernel") != std::string::npos)
-    fail(FLASHOPT_ERROR_UNSUPPORTED, m);
-  fail(FLASHOPT_ERROR_FORMAT, m);
+  fail(s, FLASHOPT_ERROR_FORMAT);
 }
 
-}
+} // namespace
 
 std::shared_ptr<OptObj> createOptimizer(const std::shared_ptr<ContextObj> &ctx,
                                         const std::string &dir) {
   auto o = std::make_shared<OptObj>();
   o->ctx = ctx;
   if (ctx->type == FLASHOPT_DEVICE_CPU) {
-    OptimizerOptions opts;
+    CpuOptimizerOptions opts;
     {
       std::lock_guard<std::mutex> lock(ctx->mu);
       opts.threads = ctx->threads;
@@ -67,6 +61,9 @@ std::shared_ptr<OptObj> createOptimizer(const std::shared_ptr<ContextObj> &ctx,
     o->opt = std::move(gpu.value());
   }
   o->m = &o->opt->manifest();
+  OptObj *self = o.get(); // owns the trainer
+  o->trainer = std::make_unique<flashopt::train::Trainer>(
+      *o->opt, [self](int64_t i) { return self->describe(i); });
   return o;
 }
 
@@ -100,10 +97,10 @@ createEmbeddedOptimizer(const std::shared_ptr<ContextObj> &c,
   std::string name = bundle->name ? bundle->name : "(unnamed)";
   std::string who = "embedded bundle " + quote(name);
   if (bundle->abi_version != FLASHOPT_ABI_VERSION)
-    fail(FLASHOPT_ERROR_UNSUPPORTED,
-         who + " was built for ABI version " +
-             std::to_string(bundle->abi_version) + ", this library is " +
-             std::to_string(FLASHOPT_ABI_VERSION));
+    fail(FLASHOPT_ERROR_UNSUPPORTED, who + " was built for ABI version " +
+                                         std::to_string(bundle->abi_version) +
+                                         ", this library is " +
+                                         std::to_string(FLASHOPT_ABI_VERSION));
   if (bundle->num_files > 0 && !bundle->files)
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT, who + ": files is NULL");
   TempDir tmp;

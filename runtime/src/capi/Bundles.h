@@ -1,4 +1,4 @@
-//===- Bundles.h - Optimizers from bundles ---------------------------------*- C++ -*-===//
+//===- Bundles.h - Optimizers from bundles ----------------------*- C++ -*-===//
 //
 // Part of flashopt.
 //

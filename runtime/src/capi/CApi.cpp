@@ -1,4 +1,4 @@
-//===- CApi.cpp - The libflashopt C ABI ------------------------------------===//
+//===- CApi.cpp - The libflashopt C ABI -----------------------------------===//
 //
 // Part of flashopt.
 //
@@ -7,18 +7,15 @@
 /// \file
 /// flashopt.h's entry points over the internal C++ layer: each runs in
 /// guard() (capi/Errors.h), looks up its handle (capi/Handles.h) and calls
-/// the context's optimizer (one host::Optimizer, CPU or CUDA backend).
-/// This file: errors and versions, contexts, optimizers, param groups and
-/// hyper-parameters, parameters and gradients. The stepping entry points
-/// are in capi/StepApi.cpp, those of the optimizer's state (master weights,
-/// numerics, checkpoints) in capi/StateApi.cpp, communicators in
-/// capi/Comm.cpp; parameters (capi/Params.cpp), DLPack (capi/DLPack.cpp),
-/// checkpoints (capi/Checkpoint.cpp) and master weights
+/// the context's optimizer (one host::Optimizer, CPU or CUDA backend) or
+/// the train::Trainer that steps it. This file: errors and versions,
+/// contexts, optimizers, param groups and hyper-parameters, parameters and
+/// gradients. Stepping is in capi/StepApi.cpp and capi/AccumulateApi.cpp,
+/// the optimizer's state (master weights, numerics, checkpoints) in
+/// capi/StateApi.cpp, communicators in capi/Comm.cpp; parameters
+/// (capi/Params.cpp), DLPack (capi/DLPack.cpp), checkpoints
+/// (capi/Checkpoint.cpp, capi/CheckpointLoad.cpp) and master weights
 /// (capi/MasterWeights.cpp) have their own files.
-///
-/// Per-parameter step counters (gradient release): flashopt_step runs one
-/// kernel call per distinct counter value (one call when all are equal),
-/// flashopt_step_param one call over the parameter's records.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -38,7 +35,6 @@
 #include <vector>
 
 using namespace flashopt::capi;
-
 
 //===----------------------------------------------------------------------===//
 // The C ABI
@@ -105,8 +101,7 @@ size_t flashopt_dtype_size(flashopt_dtype dtype) {
   return size_t(dtype_size(toHost(dtype)));
 }
 
-// ---- contexts
-// ----------------------------------------------------------------
+// ---- contexts --------------------------------------------------------------
 
 flashopt_status flashopt_context_create(flashopt_device_type type,
                                         int device_id, flashopt_context *out) {
@@ -149,7 +144,8 @@ flashopt_status flashopt_context_set_threads(flashopt_context ctx,
            "a CUDA context has no CPU threads to set");
     if (threads < 0 || threads > flashopt::host::kMaxCpuThreads)
       fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           "threads must be in [0, " + std::to_string(flashopt::host::kMaxCpuThreads) +
+           "threads must be in [0, " +
+               std::to_string(flashopt::host::kMaxCpuThreads) +
                "] (0 = all hardware threads), got " + std::to_string(threads));
     std::lock_guard<std::mutex> lock(c->mu);
     c->threads = threads;
@@ -170,8 +166,7 @@ flashopt_status flashopt_context_destroy(flashopt_context ctx) {
   });
 }
 
-// ---- optimizers
-// ----------------------------------------------------------------
+// ---- optimizers ------------------------------------------------------------
 
 flashopt_status flashopt_optimizer_create(flashopt_context ctx,
                                           const char *bundle_dir,
@@ -248,8 +243,7 @@ flashopt_status flashopt_hyper_name(flashopt_optimizer opt, int32_t index,
   });
 }
 
-// ---- param groups and hyper-parameters
-// ------------------------------------------
+// ---- param groups and hyper-parameters -------------------------------------
 
 flashopt_status flashopt_add_param_group(flashopt_optimizer opt,
                                          int32_t *out_group) {
@@ -336,8 +330,7 @@ flashopt_status flashopt_get_hyper(flashopt_optimizer opt, int32_t group,
   });
 }
 
-// ---- parameters and gradients
-// ---------------------------------------------------
+// ---- parameters and gradients ----------------------------------------------
 
 flashopt_status flashopt_add_param(flashopt_optimizer opt, int32_t group,
                                    const char *name, void *param,
@@ -470,7 +463,7 @@ flashopt_status flashopt_get_param_info(flashopt_optimizer opt, int64_t index,
     i.group = p.group;
     i.ndim = int32_t(p.shape.size());
     i.shape = p.shape.data();
-    i.step = p.step;
+    i.step = o->trainer->tensor_step(index);
     *out = i;
   });
 }

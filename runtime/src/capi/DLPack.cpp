@@ -1,4 +1,4 @@
-//===- DLPack.cpp - DLPack tensors in the C ABI ----------------------------===//
+//===- DLPack.cpp - DLPack tensors in the C ABI ---------------------------===//
 //
 // Part of flashopt.
 //
@@ -102,9 +102,9 @@ DLInfo parseDL(const void *ptr, const ContextObj &ctx, const std::string &who) {
   uintptr_t base = reinterpret_cast<uintptr_t>(t->data), addr = 0;
   if (t->byte_offset > uint64_t(std::numeric_limits<int64_t>::max()) ||
       __builtin_add_overflow(base, uintptr_t(t->byte_offset), &addr))
-    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-         who + ": DLPack byte_offset " + std::to_string(t->byte_offset) +
-             " overflows the data pointer");
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT, who + ": DLPack byte_offset " +
+                                              std::to_string(t->byte_offset) +
+                                              " overflows the data pointer");
   out.data = static_cast<char *>(t->data) + t->byte_offset;
   if (!t->data)
     out.data = nullptr;

@@ -1,4 +1,4 @@
-//===- DLPack.h - DLPack tensors in the C ABI ------------------------------*- C++ -*-===//
+//===- DLPack.h - DLPack tensors in the C ABI -------------------*- C++ -*-===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- Errors.cpp - How the C ABI reports failure
-//--------------------------===//
+//===- Errors.cpp - How the C ABI reports failure -------------------------===//
 //
 // Part of flashopt.
 //
@@ -39,6 +38,41 @@ std::string &last_error() {
 
 void fail(flashopt_status s, std::string message) {
   throw ApiError{s, std::move(message)};
+}
+
+// The codes are the statuses of the same name (abi/Status.h).
+#define FLASHOPT_SAME_CODE(code, status)                                       \
+  static_assert(int(abi::Code::code) == int(status), #code " is " #status);
+FLASHOPT_SAME_CODE(Ok, FLASHOPT_OK)
+FLASHOPT_SAME_CODE(InvalidArgument, FLASHOPT_ERROR_INVALID_ARGUMENT)
+FLASHOPT_SAME_CODE(State, FLASHOPT_ERROR_STATE)
+FLASHOPT_SAME_CODE(Mismatch, FLASHOPT_ERROR_MISMATCH)
+FLASHOPT_SAME_CODE(Io, FLASHOPT_ERROR_IO)
+FLASHOPT_SAME_CODE(OutOfMemory, FLASHOPT_ERROR_OUT_OF_MEMORY)
+FLASHOPT_SAME_CODE(Unsupported, FLASHOPT_ERROR_UNSUPPORTED)
+FLASHOPT_SAME_CODE(Cuda, FLASHOPT_ERROR_CUDA)
+FLASHOPT_SAME_CODE(Internal, FLASHOPT_ERROR_INTERNAL)
+FLASHOPT_SAME_CODE(Comm, FLASHOPT_ERROR_COMM)
+#undef FLASHOPT_SAME_CODE
+
+flashopt_status statusOf(const abi::Status &s, flashopt_status otherwise) {
+  switch (s.code()) {
+  case abi::Code::Unspecified:
+    return otherwise;
+  case abi::Code::Ok:
+    return FLASHOPT_OK;
+  default:
+    return flashopt_status(int(s.code()));
+  }
+}
+
+void fail(const abi::Status &s, flashopt_status otherwise,
+          std::string message) {
+  fail(statusOf(s, otherwise), std::move(message));
+}
+
+void fail(const abi::Status &s, flashopt_status otherwise) {
+  fail(statusOf(s, otherwise), s.message());
 }
 
 } // namespace flashopt::capi

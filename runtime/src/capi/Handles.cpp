@@ -1,5 +1,4 @@
-//===- Handles.cpp - Handles as never-reused ids
-//---------------------------===//
+//===- Handles.cpp - Handles as never-reused ids --------------------------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- Handles.h - Handles as never-reused ids -----------------------------*-
-//C++ -*-===//
+//===- Handles.h - Handles as never-reused ids ------------------*- C++ -*-===//
 //
 // Part of flashopt.
 //

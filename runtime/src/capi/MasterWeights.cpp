@@ -1,4 +1,4 @@
-//===- MasterWeights.cpp - fp32 master weights in and out ------------------===//
+//===- MasterWeights.cpp - fp32 master weights in and out -----------------===//
 //
 // Part of flashopt.
 //
@@ -51,8 +51,9 @@ void checkMasterFits(const OptObj &o, int64_t i, const float *in,
       char v[32];
       std::snprintf(v, sizeof v, "%.9g", double(in[k]));
       fail(code, where + ": " + o.describe(i) + ": element " +
-                     std::to_string(k) + " is " + v + ", finite but beyond the " +
-                     dtype_name(m.param) + " range of the parameter (it would "
+                     std::to_string(k) + " is " + v +
+                     ", finite but beyond the " + dtype_name(m.param) +
+                     " range of the parameter (it would "
                      "become infinite)");
     }
 }

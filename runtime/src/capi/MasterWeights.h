@@ -1,4 +1,4 @@
-//===- MasterWeights.h - fp32 master weights in and out --------------------*- C++ -*-===//
+//===- MasterWeights.h - fp32 master weights in and out ---------*- C++ -*-===//
 //
 // Part of flashopt.
 //

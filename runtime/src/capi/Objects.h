@@ -1,5 +1,4 @@
-//===- Objects.h - The objects behind the C ABI's handles ------------------*-
-//C++ -*-===//
+//===- Objects.h - The objects behind the C ABI's handles -------*- C++ -*-===//
 //
 // Part of flashopt.
 //
@@ -7,9 +6,9 @@
 ///
 /// \file
 /// A context (device, CPU threads, its optimizers) and an optimizer object
-/// (one host::Optimizer plus what the C ABI adds: parameter names, shapes
-/// and per-parameter step counters, the non-finite policy), with the small
-/// helpers every entry point shares.
+/// (one host::Optimizer, the train::Trainer that steps it, and what the C
+/// ABI adds: parameter names and shapes), with the small helpers every
+/// entry point shares.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -21,6 +20,7 @@
 #include "flashopt/flashopt.h"
 #include "flashopt/host/CpuOptimizer.h"
 #include "flashopt/host/CudaOptimizer.h"
+#include "train/Trainer.h"
 
 #include <cerrno>
 #include <cstdint>
@@ -53,44 +53,33 @@ inline std::string fmt(double v) {
   return os.str();
 }
 
-// ---- dtypes ---------------------------------------------------------------
+// ---- dtypes (the table of abi/DTypes.def: FLASHOPT_<E> is DType::<E>) --
 
 inline bool validDtype(int d) {
-  return d >= FLASHOPT_BF16 && d <= FLASHOPT_I16;
+  switch (d) {
+#define FLASHOPT_DTYPE(E, name, bytes, st) case FLASHOPT_##E:
+#include "flashopt/abi/DTypes.def"
+    return true;
+  }
+  return false;
 }
 
 inline DType toHost(flashopt_dtype d) {
   switch (d) {
-  case FLASHOPT_BF16:
-    return DType::BF16;
-  case FLASHOPT_F16:
-    return DType::F16;
-  case FLASHOPT_F32:
-    return DType::F32;
-  case FLASHOPT_I8:
-    return DType::I8;
-  case FLASHOPT_U8:
-    return DType::U8;
-  case FLASHOPT_I16:
-    return DType::I16;
+#define FLASHOPT_DTYPE(E, name, bytes, st)                                     \
+  case FLASHOPT_##E:                                                           \
+    return DType::E;
+#include "flashopt/abi/DTypes.def"
   }
   return DType::F32;
 }
 
 inline flashopt_dtype toC(DType d) {
   switch (d) {
-  case DType::BF16:
-    return FLASHOPT_BF16;
-  case DType::F16:
-    return FLASHOPT_F16;
-  case DType::F32:
-    return FLASHOPT_F32;
-  case DType::I8:
-    return FLASHOPT_I8;
-  case DType::U8:
-    return FLASHOPT_U8;
-  case DType::I16:
-    return FLASHOPT_I16;
+#define FLASHOPT_DTYPE(E, name, bytes, st)                                     \
+  case DType::E:                                                               \
+    return FLASHOPT_##E;
+#include "flashopt/abi/DTypes.def"
   }
   return FLASHOPT_F32;
 }
@@ -119,9 +108,6 @@ struct ParamRec {
   int64_t numel = 0;
   int32_t group = 0;
   std::vector<int64_t> shape;
-  int64_t step = 0;
-  /// Micro-batches added to the accumulator since the last step.
-  int64_t accumulated = 0;
   uintptr_t param = 0;
   int64_t paramBytes = 0;
   /// Registered by flashopt_add_param_piece: its addresses need only the
@@ -141,20 +127,20 @@ struct OptObj {
   std::map<std::string, int64_t> byName;
   /// Every checkpoint tensor name of every parameter -> its parameter.
   std::map<std::string, int64_t> tensorNames;
-  int64_t globalStep = 0, skipped = 0;
-  flashopt_nonfinite_policy policy = FLASHOPT_NONFINITE_PROPAGATE;
-  /// Gradient-norm clipping (0: off) and the last norm computed (-1: none).
-  double maxGradNorm = 0.0, lastGradNorm = -1.0;
-  /// Gradient accumulation: what the accumulated gradient is divided by
-  /// (0: the number of micro-batches).
-  double accumNormalizer = 0.0;
-  /// Replicated data parallelism, once a communicator is attached.
-  std::unique_ptr<dist::DataParallel> dp;
+  /// The step, its counters and policy, data parallelism (over `opt`).
+  std::unique_ptr<train::Trainer> trainer;
 
-  bool isGpu() const { return cpu == nullptr; }
+  /// The attached data parallelism, or null.
+  dist::DataParallel *dp() const { return trainer->data_parallel(); }
   /// The status for a failure of the device (CUDA) or the library (CPU).
   flashopt_status deviceError() const {
-    return isGpu() ? FLASHOPT_ERROR_CUDA : FLASHOPT_ERROR_INTERNAL;
+    return ctx->type == FLASHOPT_DEVICE_CUDA ? FLASHOPT_ERROR_CUDA
+                                             : FLASHOPT_ERROR_INTERNAL;
+  }
+  /// Fails with `s`'s status (the device error where it has no code).
+  void check(const Status &s) const {
+    if (!s)
+      fail(s, deviceError());
   }
 
   std::string describe(int64_t i) const {
@@ -166,18 +152,20 @@ struct OptObj {
   /// Sharded data parallelism: a correction or state buffer is gathered
   /// from its owners, a collective every rank must call in the same order.
   std::vector<uint8_t> read(int64_t i, const std::string &name) {
-    Expected<std::vector<uint8_t>> d =
-        dp && dp->sharded() ? dp->gather_buffer(*opt, i, name)
-                            : opt->read_buffer(i, name);
-    if (!d)
-      fail(deviceError(), describe(i) + ": " + d.error());
-    return std::move(d.value());
+    dist::DataParallel *d = dp();
+    Expected<std::vector<uint8_t>> bytes = d && d->sharded()
+                                               ? d->gather_buffer(*opt, i, name)
+                                               : opt->read_buffer(i, name);
+    if (!bytes)
+      fail(deviceError(), describe(i) + ": " + bytes.error());
+    return std::move(bytes.value());
   }
   /// Overwrites buffer `name` of parameter `i` with `bytes` host bytes.
   void write(int64_t i, const std::string &name, const void *data,
              int64_t bytes) {
-    Status s = dp && dp->sharded() ? dp->scatter_buffer(*opt, i, name, data, bytes)
-                                   : opt->write_buffer(i, name, data, bytes);
+    dist::DataParallel *d = dp();
+    Status s = d && d->sharded() ? d->scatter_buffer(*opt, i, name, data, bytes)
+                                 : opt->write_buffer(i, name, data, bytes);
     if (!s)
       fail(deviceError(), describe(i) + ": " + s.message());
   }

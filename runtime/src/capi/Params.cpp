@@ -1,4 +1,4 @@
-//===- Params.cpp - Registering parameters and gradients -------------------===//
+//===- Params.cpp - Registering parameters and gradients ------------------===//
 //
 // Part of flashopt.
 //
@@ -90,7 +90,7 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
   needOut(out_index, "out_index");
   const bool piece = elementOffset != kWholeTensor;
   int64_t index = int64_t(o.params.size());
-  if (o.dp)
+  if (o.dp())
     fail(FLASHOPT_ERROR_STATE,
          "parameter " + std::to_string(index) +
              ": a communicator is attached; every parameter must be "
@@ -170,19 +170,15 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
            who + ": its param memory " + (lo == p.param ? "is" : "overlaps") +
                " that of " + o.describe(int64_t(i)) + ", already registered");
   }
-  Expected<int64_t> r = o.opt->add_param(group, param, numel, const_cast<void *>(grad));
-  if (!r) {
-    const std::string &e = r.error();
-    fail(e.find("out of memory") != std::string::npos
-             ? FLASHOPT_ERROR_OUT_OF_MEMORY
-             : FLASHOPT_ERROR_INTERNAL,
-         who + ": " + e);
-  }
+  Expected<int64_t> r =
+      o.opt->add_param(group, param, numel, const_cast<void *>(grad));
+  if (!r)
+    fail(r.status(), FLASHOPT_ERROR_INTERNAL, who + ": " + r.error());
   if (piece && elementOffset != 0) {
     // Only a failure to rebuild the tensor table can fail here (the offset
     // was checked above).
     if (Status st = o.opt->set_element_offset(*r, elementOffset); !st)
-      fail(FLASHOPT_ERROR_INTERNAL, who + ": " + st.message());
+      fail(st, FLASHOPT_ERROR_INTERNAL, who + ": " + st.message());
   }
   ParamRec rec;
   rec.name = name;

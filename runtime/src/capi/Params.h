@@ -1,4 +1,4 @@
-//===- Params.h - Registering parameters and gradients ---------------------*- C++ -*-===//
+//===- Params.h - Registering parameters and gradients ----------*- C++ -*-===//
 //
 // Part of flashopt.
 //

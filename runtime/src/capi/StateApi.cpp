@@ -1,4 +1,4 @@
-//===- StateApi.cpp - The C ABI: master weights, numerics, checkpoints -----===//
+//===- StateApi.cpp - The C ABI: master weights, numerics, checkpoints ----===//
 //
 // Part of flashopt.
 //
@@ -6,7 +6,8 @@
 ///
 /// \file
 /// fp32 master weights in and out, check_numerics (numerics.md §4.3), and
-/// checkpoint save/load (capi/Checkpoint.cpp does the work).
+/// checkpoint save/load to files or buffers (capi/Checkpoint.cpp and
+/// capi/CheckpointLoad.cpp do the work).
 ///
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -28,21 +30,28 @@ using namespace flashopt::capi;
 namespace {
 /// numerics.md §4.3: the exponent bits of a parameter dtype.
 int exponentBits(DType t) { return t == DType::F16 ? 5 : 8; }
+
+/// Fails unless `format` is a flashopt_checkpoint_format.
+void checkFormat(flashopt_checkpoint_format format) {
+  if (format != FLASHOPT_CHECKPOINT_COMPRESSED &&
+      format != FLASHOPT_CHECKPOINT_F32)
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         "unknown checkpoint format " + std::to_string(int(format)));
+}
 } // namespace
 
 extern "C" {
 
-// ---- master weights and numerics
-// ---------------------------------------------------
+// ---- master weights and numerics -------------------------------------------
 
 namespace {
 /// Fails unless `index` is a parameter of `numel` elements.
 void checkNumel(const OptObj &o, int64_t index, int64_t numel) {
   checkIndex(o, index);
   if (numel != o.params[size_t(index)].numel)
-    fail(FLASHOPT_ERROR_SIZE, o.describe(index) + ": numel " +
-                                  std::to_string(numel) + ", but it has " +
-                                  std::to_string(o.params[size_t(index)].numel));
+    fail(FLASHOPT_ERROR_SIZE,
+         o.describe(index) + ": numel " + std::to_string(numel) +
+             ", but it has " + std::to_string(o.params[size_t(index)].numel));
 }
 } // namespace
 
@@ -107,8 +116,9 @@ flashopt_status flashopt_check_numerics(flashopt_optimizer opt,
       if (lrIndex < 0 || maxabs <= 0)
         continue;
       const ParamRec &p = o->params[i];
-      double lr = double(
-          o->opt->hyper_table()[size_t(p.group) * m.hypers.size() + size_t(lrIndex)]);
+      double lr =
+          double(o->opt->hyper_table()[size_t(p.group) * m.hypers.size() +
+                                       size_t(lrIndex)]);
       if (lr <= 0)
         continue;
       double need = std::floor(std::log2(maxabs)) - M;
@@ -144,18 +154,14 @@ flashopt_status flashopt_check_numerics(flashopt_optimizer opt,
   });
 }
 
-// ---- checkpoints
-// ----------------------------------------------------------------------
+// ---- checkpoints -----------------------------------------------------------
 
 flashopt_status flashopt_save_checkpoint(flashopt_optimizer opt,
                                          const char *path,
                                          flashopt_checkpoint_format format) {
   return guard("flashopt_save_checkpoint", [&] {
     needOut(path, "path");
-    if (format != FLASHOPT_CHECKPOINT_COMPRESSED &&
-        format != FLASHOPT_CHECKPOINT_F32)
-      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           "unknown checkpoint format " + std::to_string(int(format)));
+    checkFormat(format);
     Locked o(opt);
     saveCheckpoint(*o, path, format);
   });
@@ -169,5 +175,40 @@ flashopt_status flashopt_load_checkpoint(flashopt_optimizer opt,
     loadCheckpoint(*o, path);
   });
 }
+
+flashopt_status
+flashopt_save_checkpoint_buffer(flashopt_optimizer opt,
+                                flashopt_checkpoint_format format, void **data,
+                                size_t *size) {
+  return guard("flashopt_save_checkpoint_buffer", [&] {
+    needOut(data, "data");
+    needOut(size, "size");
+    checkFormat(format);
+    Locked o(opt);
+    std::vector<uint8_t> bytes = saveCheckpointBuffer(*o, format);
+    // malloc'ed, so that flashopt_buffer_free (free) releases it; at least
+    // one byte (malloc(0) may return NULL).
+    void *out = std::malloc(std::max<size_t>(bytes.size(), 1));
+    if (!out)
+      fail(FLASHOPT_ERROR_OUT_OF_MEMORY, "allocating " +
+                                             std::to_string(bytes.size()) +
+                                             " bytes for the checkpoint");
+    std::memcpy(out, bytes.data(), bytes.size());
+    *data = out;
+    *size = bytes.size();
+  });
+}
+
+flashopt_status flashopt_load_checkpoint_buffer(flashopt_optimizer opt,
+                                                const void *data, size_t size) {
+  return guard("flashopt_load_checkpoint_buffer", [&] {
+    if (size > 0)
+      needOut(data, "data");
+    Locked o(opt);
+    loadCheckpointBuffer(*o, data, size);
+  });
+}
+
+void flashopt_buffer_free(void *data) { std::free(data); }
 
 } // extern "C"

@@ -1,4 +1,4 @@
-//===- Codec.cpp - Host-side encodings of docs/NUMERICS.md ------------------===//
+//===- Codec.cpp - Host-side encodings of docs/NUMERICS.md ----------------===//
 //
 // Part of flashopt.
 //

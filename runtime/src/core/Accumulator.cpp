@@ -20,57 +20,53 @@
 namespace flashopt::host {
 
 namespace {
-/// The accumulator's buffers ("accum", and "accum_correction" for
-/// bf16 + i8) as indices into the manifest's buffers.
+
+/// The accumulator's buffers (BufferRole::Accum, in manifest order: the
+/// value, "accum", and for bf16 + i8 its correction term) as indices into
+/// the manifest's buffers, with their dtypes.
 struct AccumBuffers {
   int value = -1, correction = -1;
+  DType valueType = DType::F32, correctionType = DType::I8;
 };
+
 AccumBuffers accumBuffers(const Manifest &m) {
   AccumBuffers a;
-  for (size_t b = 0; b < m.buffers.size(); ++b)
-    if (m.buffers[b].name == "accum")
-      a.value = int(b);
-    else if (m.buffers[b].name == "accum_correction")
-      a.correction = int(b);
+  for (size_t b = 0; b < m.buffers.size(); ++b) {
+    if (m.buffers[b].role != BufferRole::Accum)
+      continue;
+    if (a.value < 0)
+      a.value = int(b), a.valueType = m.buffers[b].dtype;
+    else
+      a.correction = int(b), a.correctionType = m.buffers[b].dtype;
+  }
   return a;
 }
+
 } // namespace
 
 Status Optimizer::read_accumulator(int64_t tensor, int64_t offset,
                                    int64_t count, float *out) {
   Impl &I = *impl_;
-  if (!I.m->accumulator)
-    return Status::error("read_accumulator: " + I.m->name +
-                         " has no gradient accumulator");
-  if (Status s = I.checkElements(tensor, offset, count, "read_accumulator"); !s)
-    return s;
   try {
-    if (Status s = I.prepare(); !s)
+    if (Status s = I.checkAccumulator(tensor, offset, count, "read_accumulator"); !s)
       return s;
     const AccumBuffers ab = accumBuffers(*I.m);
-    const DType vd = I.m->buffers[size_t(ab.value)].dtype;
-    const int64_t ves = dtype_size(vd);
-    std::vector<uint8_t> hi(size_t(count * ves));
-    const int64_t va = I.address(size_t(tensor), size_t(ab.value)) +
-                       offset * ves;
-    if (Status s = I.backend->read(reinterpret_cast<void *>(uintptr_t(va)),
-                                   hi.data(), count * ves);
+    std::vector<uint8_t> hi(size_t(count * dtype_size(ab.valueType)));
+    if (Status s = I.readElements(size_t(tensor), size_t(ab.value), offset,
+                                  count, hi.data());
         !s)
       return s;
     if (ab.correction < 0) {
-      codec::widen(hi.data(), vd, count, out);
+      codec::widen(hi.data(), ab.valueType, count, out);
       return Status::success();
     }
-    const DType cd = I.m->buffers[size_t(ab.correction)].dtype;
-    const int64_t ces = dtype_size(cd);
-    std::vector<uint8_t> lo(size_t(count * ces));
-    const int64_t ca = I.address(size_t(tensor), size_t(ab.correction)) +
-                       offset * ces;
-    if (Status s = I.backend->read(reinterpret_cast<void *>(uintptr_t(ca)),
-                                   lo.data(), count * ces);
+    std::vector<uint8_t> lo(size_t(count * dtype_size(ab.correctionType)));
+    if (Status s = I.readElements(size_t(tensor), size_t(ab.correction),
+                                  offset, count, lo.data());
         !s)
       return s;
-    codec::decode_master(hi.data(), vd, lo.data(), cd, count, out);
+    codec::decode_master(hi.data(), ab.valueType, lo.data(),
+                         ab.correctionType, count, out);
     return Status::success();
   } catch (const std::exception &e) {
     return Status::error(std::string("read_accumulator: ") + e.what());
@@ -80,41 +76,27 @@ Status Optimizer::read_accumulator(int64_t tensor, int64_t offset,
 Status Optimizer::write_accumulator(int64_t tensor, int64_t offset,
                                     int64_t count, const float *in) {
   Impl &I = *impl_;
-  if (!I.m->accumulator)
-    return Status::error("write_accumulator: " + I.m->name +
-                         " has no gradient accumulator");
-  if (Status s = I.checkElements(tensor, offset, count, "write_accumulator"); !s)
-    return s;
   try {
-    if (Status s = I.prepare(); !s)
+    if (Status s = I.checkAccumulator(tensor, offset, count, "write_accumulator"); !s)
       return s;
     const AccumBuffers ab = accumBuffers(*I.m);
-    const DType vd = I.m->buffers[size_t(ab.value)].dtype;
-    const int64_t ves = dtype_size(vd);
-    std::vector<uint8_t> hi(size_t(count * ves));
+    std::vector<uint8_t> hi(size_t(count * dtype_size(ab.valueType)));
     std::vector<uint8_t> lo;
-    std::optional<DType> cd;
     if (ab.correction >= 0) {
-      cd = I.m->buffers[size_t(ab.correction)].dtype;
-      lo.resize(size_t(count * dtype_size(*cd)));
-      codec::encode_master(in, count, hi.data(), vd, lo.data(), cd);
+      lo.resize(size_t(count * dtype_size(ab.correctionType)));
+      codec::encode_master(in, count, hi.data(), ab.valueType, lo.data(),
+                           ab.correctionType);
     } else {
-      codec::narrow(in, count, vd, hi.data());
+      codec::narrow(in, count, ab.valueType, hi.data());
     }
-    const int64_t va = I.address(size_t(tensor), size_t(ab.value)) +
-                       offset * ves;
-    if (Status s = I.backend->write(reinterpret_cast<void *>(uintptr_t(va)),
-                                    hi.data(), count * ves);
+    if (Status s = I.writeElements(size_t(tensor), size_t(ab.value), offset,
+                                   count, hi.data());
         !s)
       return s;
-    if (cd) {
-      const int64_t ces = dtype_size(*cd);
-      const int64_t ca = I.address(size_t(tensor), size_t(ab.correction)) +
-                         offset * ces;
-      return I.backend->write(reinterpret_cast<void *>(uintptr_t(ca)),
-                              lo.data(), count * ces);
-    }
-    return Status::success();
+    if (ab.correction < 0)
+      return Status::success();
+    return I.writeElements(size_t(tensor), size_t(ab.correction), offset,
+                           count, lo.data());
   } catch (const std::exception &e) {
     return Status::error(std::string("write_accumulator: ") + e.what());
   }
@@ -166,8 +148,12 @@ Optimizer::accumulators_finite(const std::vector<int64_t> &indices) {
 Expected<std::vector<double>>
 Optimizer::accumulator_sum_squares(const std::vector<int64_t> &indices) {
   Impl &I = *impl_;
-  if (std::strcmp(I.backend->kind(), "cpu") != 0)
-    return Status::error("accumulator_sum_squares: CPU contexts only");
+  // The decoded accumulators are host memory: the backend must sum that.
+  if (I.backend->memory_is_device() || !I.backend->scans_gradients())
+    return Status::error(std::string("accumulator_sum_squares: the ") +
+                         I.backend->kind() +
+                         " backend does not sum host memory (CPU contexts "
+                         "only)");
   try {
     // Decoded to f32 in host memory, then summed exactly as the gradients
     // of an f32-gradient optimizer would be (Backend::sum_squares).

@@ -1,5 +1,4 @@
-//===- Optimizer.cpp - The backend-free optimizer core
-//---------------------===//
+//===- Optimizer.cpp - The backend-free optimizer core --------------------===//
 //
 // Part of flashopt.
 //
@@ -70,8 +69,7 @@ const Manifest &Optimizer::manifest() const { return *impl_->m; }
 Backend &Optimizer::backend() { return *impl_->backend; }
 const Backend &Optimizer::backend() const { return *impl_->backend; }
 
-// ---- param groups
-// -------------------------------------------------------------
+// ---- param groups ----------------------------------------------------------
 
 int Optimizer::add_param_group() { return impl_->hypers->add_slot(); }
 int Optimizer::num_param_groups() const { return impl_->hypers->num_slots(); }
@@ -89,8 +87,7 @@ const std::vector<float> &Optimizer::hyper_table() const {
 }
 const HyperTable &Optimizer::hypers() const { return *impl_->hypers; }
 
-// ---- tensors
-// ------------------------------------------------------------------
+// ---- tensors ---------------------------------------------------------------
 
 Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
                                        void *grad) {
@@ -128,7 +125,7 @@ Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
         Expected<int64_t> off = I.backend->reserve(
             b, I.m->buffers[b].per == Per::Group ? ti.num_groups : numel);
         if (!off)
-          return Status::error("add_param: " + off.error());
+          return off.status().prefixed("add_param: ");
         offs[b] = *off;
       }
     I.tensors.push_back(ti);
@@ -139,7 +136,8 @@ Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
     I.refresh();
     return int64_t(I.tensors.size() - 1);
   } catch (const std::bad_alloc &) {
-    return Status::error("add_param: out of memory registering a tensor of " +
+    return Status::error(Code::OutOfMemory,
+                         "add_param: out of memory registering a tensor of " +
                          std::to_string(numel) + " elements");
   } catch (const std::exception &e) {
     return Status::error(std::string("add_param: ") + e.what());
@@ -282,8 +280,7 @@ Status Optimizer::write_buffer(int64_t tensor, std::string_view name,
   return impl_->backend->write(v->data, data, bytes);
 }
 
-// ---- stepping
-// -----------------------------------------------------------------
+// ---- stepping --------------------------------------------------------------
 
 Status Optimizer::step() {
   Impl &I = *impl_;

@@ -145,6 +145,38 @@ struct Optimizer::Impl {
     return Status::success();
   }
 
+  /// What reading or writing accumulator elements checks first (`who`
+  /// names the call): the bundle has an accumulator, the elements fit the
+  /// tensor; then makes the state addressable.
+  Status checkAccumulator(int64_t tensor, int64_t offset, int64_t count,
+                          const char *who) {
+    if (!m->accumulator)
+      return Status::error(std::string(who) + ": " + m->name +
+                           " has no gradient accumulator");
+    if (Status s = checkElements(tensor, offset, count, who); !s)
+      return s;
+    return prepare();
+  }
+
+  /// Copies elements [offset, offset + count) of buffer `b` of tensor `i`
+  /// to host memory `dst` (the state must be addressable: prepare()).
+  Status readElements(size_t i, size_t b, int64_t offset, int64_t count,
+                      void *dst) const {
+    const int64_t es = dtype_size(m->buffers[b].dtype);
+    const int64_t a = address(i, b) + offset * es;
+    return backend->read(reinterpret_cast<const void *>(uintptr_t(a)), dst,
+                         count * es);
+  }
+  /// Overwrites elements [offset, offset + count) of buffer `b` of tensor
+  /// `i` with host memory `src`.
+  Status writeElements(size_t i, size_t b, int64_t offset, int64_t count,
+                       const void *src) const {
+    const int64_t es = dtype_size(m->buffers[b].dtype);
+    const int64_t a = address(i, b) + offset * es;
+    return backend->write(reinterpret_cast<void *>(uintptr_t(a)), src,
+                          count * es);
+  }
+
   /// Makes the state addressable and the table current.
   Status prepare() {
     if (Status s = backend->commit(); !s)

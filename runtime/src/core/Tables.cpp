@@ -1,5 +1,4 @@
-//===- Tables.cpp - Hyper tables, tensor records, bytes reports
-//------------===//
+//===- Tables.cpp - Hyper tables, tensor records, bytes reports -----------===//
 //
 // Part of flashopt.
 //
@@ -110,7 +109,8 @@ Status HyperTable::check_complete() const {
   for (int s = 0; s < slots_; ++s)
     for (size_t h = 0; h < H; ++h)
       if (!given_[size_t(s) * H + h])
-        return Status::error("step: hyper-parameter \"" + m_->hypers[h].name +
+        return Status::error(Code::State,
+                             "step: hyper-parameter \"" + m_->hypers[h].name +
                              "\" has no default and was never set for param "
                              "group " +
                              std::to_string(s));

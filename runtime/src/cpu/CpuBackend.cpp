@@ -1,5 +1,4 @@
-//===- CpuBackend.cpp - The optimizer on the host CPU
-//----------------------===//
+//===- CpuBackend.cpp - The optimizer on the host CPU ---------------------===//
 //
 // Part of flashopt.
 //
@@ -125,7 +124,7 @@ double sumSquares(const void *data, DType dtype, int64_t begin, int64_t end) {
 
 class CpuBackend final : public Backend {
 public:
-  CpuBackend(std::shared_ptr<Bundle> bundle, const OptimizerOptions &opts)
+  CpuBackend(std::shared_ptr<CpuBundle> bundle, const CpuOptimizerOptions &opts)
       : bundle_(std::move(bundle)), m_(&bundle_->manifest()) {
     arenas_.resize(m_->buffers.size());
     for (size_t b = 0; b < arenas_.size(); ++b)
@@ -136,8 +135,10 @@ public:
     setThreads(std::clamp(opts.threads, 0, kMaxCpuThreads));
   }
 
-  const Bundle &bundle() const { return *bundle_; }
+  const CpuBundle &bundle() const { return *bundle_; }
+  const std::shared_ptr<CpuBundle> &sharedBundle() const { return bundle_; }
   int threads() const { return threads_; }
+  int64_t minGroups() const { return minGroups_; }
 
   /// Throws when threads cannot be started (pool_ is then empty).
   void setThreads(int n) {
@@ -159,6 +160,8 @@ public:
   // ---- Backend -------------------------------------------------------------
   const Manifest &manifest() const override { return *m_; }
   const char *kind() const override { return "cpu"; }
+  bool memory_is_device() const override { return false; }
+  bool scans_gradients() const override { return true; }
 
   Status check_address(const char *, const char *,
                        const void *) const override {
@@ -173,7 +176,8 @@ public:
     try {
       return arenas_[b].allocate(entries);
     } catch (const std::bad_alloc &) {
-      return Status::error("out of memory allocating state for " +
+      return Status::error(Code::OutOfMemory,
+                           "out of memory allocating state for " +
                            std::to_string(entries) + " entries of buffer \"" +
                            m_->buffers[b].name + "\"");
     }
@@ -303,7 +307,7 @@ public:
   }
 
 private:
-  std::shared_ptr<Bundle> bundle_;
+  std::shared_ptr<CpuBundle> bundle_;
   const Manifest *m_;
   std::vector<Arena> arenas_; ///< per buffer (param/grad unused)
   int threads_ = 1;
@@ -318,8 +322,8 @@ CpuOptimizer::CpuOptimizer(std::unique_ptr<CpuBackend> backend)
 CpuOptimizer::~CpuOptimizer() = default;
 
 Expected<std::unique_ptr<CpuOptimizer>>
-CpuOptimizer::create(std::shared_ptr<Bundle> bundle,
-                     const OptimizerOptions &opts) {
+CpuOptimizer::create(std::shared_ptr<CpuBundle> bundle,
+                     const CpuOptimizerOptions &opts) {
   if (!bundle)
     return Status::error("CpuOptimizer::create: null bundle");
   return create_over<CpuOptimizer, CpuBackend>("CpuOptimizer::create",
@@ -327,15 +331,26 @@ CpuOptimizer::create(std::shared_ptr<Bundle> bundle,
 }
 
 Expected<std::unique_ptr<CpuOptimizer>>
-CpuOptimizer::create(const std::string &dir, const LoadOptions &load,
-                     const OptimizerOptions &opts) {
-  Expected<std::shared_ptr<Bundle>> b = Bundle::load(dir, load);
+CpuOptimizer::create(const std::string &dir, const CpuLoadOptions &load,
+                     const CpuOptimizerOptions &opts) {
+  Expected<std::shared_ptr<CpuBundle>> b = CpuBundle::load(dir, load);
   if (!b)
     return b.status();
   return create(std::move(b.value()), opts);
 }
 
-const Bundle &CpuOptimizer::bundle() const { return cpu_->bundle(); }
+Expected<std::unique_ptr<Optimizer>> CpuOptimizer::create_sibling() const {
+  CpuOptimizerOptions opts;
+  opts.threads = cpu_->threads();
+  opts.min_groups_per_chunk = cpu_->minGroups();
+  Expected<std::unique_ptr<CpuOptimizer>> o =
+      create(cpu_->sharedBundle(), opts);
+  if (!o)
+    return o.status();
+  return std::unique_ptr<Optimizer>(std::move(o.value()));
+}
+
+const CpuBundle &CpuOptimizer::bundle() const { return cpu_->bundle(); }
 int CpuOptimizer::threads() const { return cpu_->threads(); }
 
 Status CpuOptimizer::set_threads(int n) {

@@ -1,5 +1,4 @@
-//===- CpuBundle.cpp - Loading a bundle's CPU kernel
-//-----------------------===//
+//===- CpuBundle.cpp - Loading a bundle's CPU kernel ----------------------===//
 //
 // Part of flashopt.
 //
@@ -20,7 +19,6 @@
 #include <dlfcn.h>
 #include <exception>
 #include <filesystem>
-#include <optional>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -95,155 +93,154 @@ Status check_kernel_abi(const Manifest &m, void *handle, const KernelEntry &k,
   return Status::success();
 }
 
-Bundle::~Bundle() {
+Expected<size_t>
+select_cpu_kernel(const Manifest &m, std::string_view forced,
+                  std::string_view forced_from,
+                  const std::function<bool(std::string_view)> &supports) {
+  const std::string where = m.path.empty() ? m.name : m.path;
+  std::vector<size_t> cpuKernels;
+  std::string targets;
+  for (size_t i = 0; i < m.kernels.size(); ++i) {
+    targets += (targets.empty() ? "" : ", ") + m.kernels[i].target;
+    if (m.kernels[i].target == "cpu" &&
+        m.kernels[i].kind == abi::KernelKind::Step)
+      cpuKernels.push_back(i);
+  }
+  if (cpuKernels.empty())
+    return Status::error(Code::Unsupported,
+                         where + ": field 'kernels': no CPU kernel (targets: " +
+                             (targets.empty() ? std::string("none") : targets) +
+                             ")");
+  // The features of kernel `i` the host lacks ("" when it runs here).
+  auto lacks = [&](size_t i) {
+    std::string s;
+    for (const std::string &f : m.kernels[i].features)
+      if (!supports(f))
+        s += (s.empty() ? "" : ", ") + f;
+    return s;
+  };
+  if (!forced.empty()) {
+    std::string available;
+    for (size_t i : cpuKernels) {
+      if (m.kernels[i].cpu != forced) {
+        available += (available.empty() ? "" : ", ") + m.kernels[i].cpu;
+        continue;
+      }
+      if (std::string missing = lacks(i); !missing.empty())
+        return Status::error(where + ": the " + quote(std::string(forced)) +
+                             " kernel (requested by " +
+                             std::string(forced_from) +
+                             ") needs CPU features this host lacks: " +
+                             missing);
+      return i;
+    }
+    return Status::error(Code::Unsupported,
+                         where + ": no CPU kernel for cpu " +
+                             quote(std::string(forced)) + " (requested by " +
+                             std::string(forced_from) +
+                             "); the bundle has: " + available);
+  }
+  std::string why;
+  for (size_t i : cpuKernels) {
+    std::string missing = lacks(i);
+    if (missing.empty())
+      return i;
+    why += "; " + m.kernels[i].cpu + " needs " + missing;
+  }
+  return Status::error(Code::Unsupported,
+                       where + ": no CPU kernel runs on this host" + why);
+}
+
+CpuBundle::~CpuBundle() {
   for (void *h : extra_handles_)
     dlclose(h);
   if (handle_)
     dlclose(handle_);
 }
 
-void *Bundle::symbol(const std::string &name) const {
+void *CpuBundle::symbol(const std::string &name) const {
   return handle_ ? dlsym(handle_, name.c_str()) : nullptr;
 }
 
-Expected<std::shared_ptr<Bundle>> Bundle::load(const std::string &dir,
-                                               const LoadOptions &opts) {
+Status CpuBundle::loadKernel(const KernelEntry &k, bool checkAbi,
+                             void **handle, KernelFn *fn) const {
+  const std::string mpath = dir_ + "/manifest.json";
+  dlerror();
+  *handle = dlopen(kernelPath(k).c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!*handle) {
+    const char *e = dlerror();
+    return Status::error(mpath + ": cannot load kernel " + quote(k.file) +
+                         " (cpu " + k.cpu + "): " + (e ? e : "dlopen failed"));
+  }
+  dlerror();
+  void *sym = dlsym(*handle, k.symbol.c_str());
+  if (!sym) {
+    const char *e = dlerror();
+    return Status::error(mpath + ": kernel " + quote(k.file) +
+                         " has no symbol " + quote(k.symbol) +
+                         (e ? std::string(" (") + e + ")" : std::string()));
+  }
+  // The kernel's own description of what it reads (flashopt-gen emits it
+  // next to the kernel): a manifest that disagrees with it (fewer
+  // hyper-parameters, other buffers) would make the kernel read out of
+  // bounds, so it is refused here, before anything runs.
+  if (checkAbi)
+    if (Status s = check_kernel_abi(manifest_, *handle, k, mpath); !s)
+      return s;
+  *fn = reinterpret_cast<KernelFn>(sym);
+  return Status::success();
+}
+
+std::string CpuBundle::kernelPath(const KernelEntry &k) const {
+  return (!k.file.empty() && k.file[0] == '/') ? k.file : dir_ + "/" + k.file;
+}
+
+Expected<std::shared_ptr<CpuBundle>>
+CpuBundle::load(const std::string &dir, const CpuLoadOptions &opts) {
   try {
-    std::string mpath = dir + "/manifest.json";
-    Expected<Manifest> m = load_manifest(mpath);
+    Expected<Manifest> m = load_manifest(dir + "/manifest.json");
     if (!m)
       return m.status();
+    std::string forced = opts.cpu, forcedFrom = "CpuLoadOptions::cpu";
+    if (const char *env = std::getenv("FLASHOPT_CPU");
+        forced.empty() && opts.use_env && env && *env)
+      forced = env, forcedFrom = "FLASHOPT_CPU";
+    Expected<size_t> chosen = select_cpu_kernel(
+        *m, forced, forcedFrom,
+        [](std::string_view f) { return host_supports_feature(f); });
+    if (!chosen)
+      return chosen.status();
 
-    std::string forced = opts.cpu;
-    std::string forcedFrom = "LoadOptions::cpu";
-    if (forced.empty() && opts.use_env) {
-      const char *env = std::getenv("FLASHOPT_CPU");
-      if (env && *env) {
-        forced = env;
-        forcedFrom = "FLASHOPT_CPU";
-      }
-    }
-
-    std::vector<size_t> cpuKernels;
-    std::string targets;
-    for (size_t i = 0; i < m->kernels.size(); ++i) {
-      targets += (targets.empty() ? "" : ", ") + m->kernels[i].target;
-      if (m->kernels[i].target == "cpu" &&
-          m->kernels[i].kind == abi::KernelKind::Step)
-        cpuKernels.push_back(i);
-    }
-    if (cpuKernels.empty())
-      return Status::error(
-          mpath + ": field 'kernels': no CPU kernel (targets: " +
-          (targets.empty() ? std::string("none") : targets) + ")");
-
-    auto missing = [&](const KernelEntry &k) {
-      std::string s;
-      for (const std::string &f : k.features)
-        if (!host_supports_feature(f))
-          s += (s.empty() ? "" : ", ") + f;
-      return s;
-    };
-    std::string available;
-    for (size_t i : cpuKernels)
-      available += (available.empty() ? "" : ", ") + m->kernels[i].cpu;
-
-    std::optional<size_t> chosen;
-    if (!forced.empty()) {
-      for (size_t i : cpuKernels)
-        if (m->kernels[i].cpu == forced) {
-          chosen = i;
-          break;
-        }
-      if (!chosen)
-        return Status::error(mpath + ": no CPU kernel for cpu " +
-                             quote(forced) + " (requested by " + forcedFrom +
-                             "); the bundle has: " + available);
-      std::string lacks = missing(m->kernels[*chosen]);
-      if (!lacks.empty())
-        return Status::error(mpath + ": the " + quote(forced) +
-                             " kernel (requested by " + forcedFrom +
-                             ") needs CPU features this host lacks: " + lacks);
-    } else {
-      std::string why;
-      for (size_t i : cpuKernels) {
-        std::string lacks = missing(m->kernels[i]);
-        if (lacks.empty()) {
-          chosen = i;
-          break;
-        }
-        why += "; " + m->kernels[i].cpu + " needs " + lacks;
-      }
-      if (!chosen)
-        return Status::error(mpath + ": no CPU kernel runs on this host" + why);
-    }
-
-    std::shared_ptr<Bundle> b(new Bundle());
+    std::shared_ptr<CpuBundle> b(new CpuBundle());
     b->dir_ = dir;
     b->manifest_ = std::move(m.value());
     b->kernel_index_ = *chosen;
-    const KernelEntry &k = b->manifest_.kernels[*chosen];
-    b->kernel_path_ =
-        (!k.file.empty() && k.file[0] == '/') ? k.file : dir + "/" + k.file;
-    dlerror();
-    b->handle_ = dlopen(b->kernel_path_.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!b->handle_) {
-      const char *e = dlerror();
-      return Status::error(mpath + ": cannot load kernel " + quote(k.file) +
-                           " (cpu " + k.cpu +
-                           "): " + (e ? e : "dlopen failed"));
-    }
-    dlerror();
-    void *sym = dlsym(b->handle_, k.symbol.c_str());
-    if (!sym) {
-      const char *e = dlerror();
-      return Status::error(mpath + ": kernel " + quote(k.file) +
-                           " has no symbol " + quote(k.symbol) +
-                           (e ? std::string(" (") + e + ")" : std::string()));
-    }
-    // The kernel's own description of what it reads (flashopt-gen emits it
-    // next to the kernel): a manifest that disagrees with it (fewer
-    // hyper-parameters, other buffers) would make the kernel read out of
-    // bounds, so it is refused here, before anything runs.
-    if (opts.check_kernel_abi)
-      if (Status s = check_kernel_abi(b->manifest_, b->handle_, k, mpath); !s)
-        return s;
-    b->fn_ = reinterpret_cast<KernelFn>(sym);
+    const KernelEntry &k = b->kernel();
+    b->kernel_path_ = b->kernelPath(k);
+    if (Status s = b->loadKernel(k, opts.check_kernel_abi, &b->handle_, &b->fn_);
+        !s)
+      return s;
     // With an accumulator: the accumulation kernels of the same flavour.
-    if (b->manifest_.accumulator) {
+    if (b->manifest_.accumulator)
       for (abi::KernelKind kind : abi::kKernelKinds) {
         if (kind == abi::KernelKind::Step)
           continue;
         const KernelEntry *e = b->manifest_.find_kernel(kind, "cpu", k.cpu);
         if (!e)
-          return Status::error(mpath + ": field 'kernels': no " +
+          return Status::error(dir + "/manifest.json: field 'kernels': no " +
                                abi::kernel_kind_name(kind) +
                                " kernel for cpu " + quote(k.cpu) +
                                " (a bundle with an accumulator has one per "
                                "flavour)");
-        std::string path = (!e->file.empty() && e->file[0] == '/')
-                               ? e->file
-                               : dir + "/" + e->file;
-        dlerror();
-        void *h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (!h) {
-          const char *err = dlerror();
-          return Status::error(mpath + ": cannot load kernel " +
-                               quote(e->file) + ": " +
-                               (err ? err : "dlopen failed"));
-        }
-        b->extra_handles_.push_back(h);
-        void *f = dlsym(h, e->symbol.c_str());
-        if (!f)
-          return Status::error(mpath + ": kernel " + quote(e->file) +
-                               " has no symbol " + quote(e->symbol));
-        if (opts.check_kernel_abi)
-          if (Status s = check_kernel_abi(b->manifest_, h, *e, mpath); !s)
-            return s;
-        b->extra_fns_[size_t(kind)] = reinterpret_cast<KernelFn>(f);
+        void *h = nullptr;
+        Status s = b->loadKernel(*e, opts.check_kernel_abi, &h,
+                                 &b->extra_fns_[size_t(kind)]);
+        if (h)
+          b->extra_handles_.push_back(h);
+        if (!s)
+          return s;
       }
-    }
-    return Expected<std::shared_ptr<Bundle>>(std::move(b));
+    return Expected<std::shared_ptr<CpuBundle>>(std::move(b));
   } catch (const std::exception &e) {
     return Status::error(dir + ": " + e.what());
   }

@@ -1,5 +1,4 @@
-//===- ThreadPool.cpp - The CPU backend's persistent threads
-//---------------===//
+//===- ThreadPool.cpp - The CPU backend's persistent threads --------------===//
 //
 // Part of flashopt.
 //

@@ -1,5 +1,4 @@
-//===- WorkSplit.cpp - Group-aligned chunks for the CPU threads
-//------------===//
+//===- WorkSplit.cpp - Group-aligned chunks for the CPU threads -----------===//
 //
 // Part of flashopt.
 //

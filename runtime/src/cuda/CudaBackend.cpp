@@ -1,5 +1,4 @@
-//===- CudaBackend.cpp - The optimizer on a CUDA device
-//--------------------===//
+//===- CudaBackend.cpp - The optimizer on a CUDA device -------------------===//
 //
 // Part of flashopt.
 //
@@ -61,7 +60,7 @@ class CudaBackend final : public Backend {
 public:
   CudaBackend(std::shared_ptr<CudaBundle> bundle,
               const CudaOptimizerOptions &opts)
-      : bundle_(std::move(bundle)), ctx_(bundle_->context()),
+      : bundle_(std::move(bundle)), opts_(opts), ctx_(bundle_->context()),
         d_(&ctx_->driver()), m_(&bundle_->manifest()), stream_(opts.stream),
         blocksPerSm_(opts.blocks_per_sm > 0 ? opts.blocks_per_sm : 8),
         maxRecord_(opts.max_record_elements > 0
@@ -86,6 +85,8 @@ public:
   }
 
   const CudaBundle &bundle() const { return *bundle_; }
+  const std::shared_ptr<CudaBundle> &sharedBundle() const { return bundle_; }
+  const CudaOptimizerOptions &options() const { return opts_; }
   int64_t tableUploads() const { return tableUploads_; }
   int64_t hyperUploads() const { return hyperUploads_; }
 
@@ -103,6 +104,9 @@ public:
   // ---- Backend -------------------------------------------------------------
   const Manifest &manifest() const override { return *m_; }
   const char *kind() const override { return "cuda"; }
+  bool memory_is_device() const override { return true; }
+  /// No device-side scan or reduction yet (all_finite, sum_squares).
+  bool scans_gradients() const override { return false; }
 
   Status check_address(const char *who, const char *what,
                        const void *address) const override {
@@ -338,6 +342,7 @@ private:
   }
 
   std::shared_ptr<CudaBundle> bundle_;
+  CudaOptimizerOptions opts_;
   std::shared_ptr<CudaContext> ctx_;
   const CudaDriver *d_;
   const Manifest *m_;
@@ -375,6 +380,14 @@ CudaOptimizer::create(std::shared_ptr<CudaContext> ctx, const std::string &dir,
   if (!b)
     return b.status();
   return create(std::move(b.value()), opts);
+}
+
+Expected<std::unique_ptr<Optimizer>> CudaOptimizer::create_sibling() const {
+  Expected<std::unique_ptr<CudaOptimizer>> o =
+      create(cuda_->sharedBundle(), cuda_->options());
+  if (!o)
+    return o.status();
+  return std::unique_ptr<Optimizer>(std::move(o.value()));
 }
 
 const CudaBundle &CudaOptimizer::bundle() const { return cuda_->bundle(); }

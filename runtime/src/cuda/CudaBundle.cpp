@@ -1,4 +1,4 @@
-//===- CudaBundle.cpp ------------------------------------------------------===//
+//===- CudaBundle.cpp -----------------------------------------------------===//
 //
 // Part of flashopt.
 //
@@ -98,6 +98,7 @@ select_gpu_kernel(const Manifest &m, int cc_major, int cc_minor,
                (bestChip == device ? " (no cubin for this chip)" : "");
   } else {
     return Status::error(
+        Code::Unsupported,
         where + ": no GPU kernel for " + sm + " (compute capability " +
         std::to_string(cc_major) + "." + std::to_string(cc_minor) + "): " +
         (targets.empty() ? std::string("the bundle has no GPU kernels")
@@ -242,7 +243,7 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
         if (r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION)
           msg += " (the driver, CUDA " + cuda_version_string(d.version()) +
                  ", is older than the PTX ISA this kernel was written in)";
-        return Status::error(msg);
+        return Status::error(Code::Cuda, msg);
       }
       *out = mod;
       *log = trimLog(info.data());
@@ -263,8 +264,10 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
         *what = c.target + (cubin ? " cubin" : " PTX (JIT)");
       } else if (cubin && !k.file.empty()) {
         Status p = loadImage(k.file, true, &log, &L.module);
+        // A driver failure of either load is a CUDA error.
         if (!p)
-          return Status::error("cannot load the " + c.target + " " +
+          return Status::error(s.code() == Code::Cuda ? s.code() : p.code(),
+                               "cannot load the " + c.target + " " +
                                abi::kernel_kind_name(kind) + " kernel: " +
                                s.message() + "\nand its PTX: " + p.message());
         *what = c.target + " PTX (JIT; the cubin did not load: " +

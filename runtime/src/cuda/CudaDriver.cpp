@@ -1,4 +1,4 @@
-//===- CudaDriver.cpp ------------------------------------------------------===//
+//===- CudaDriver.cpp -----------------------------------------------------===//
 //
 // Part of flashopt.
 //
@@ -109,7 +109,7 @@ std::string CudaDriver::describe(CUresult r) const {
 Status CudaDriver::check(CUresult r, const std::string &what) const {
   if (r == CUDA_SUCCESS)
     return Status::success();
-  return Status::error(what + ": " + describe(r));
+  return Status::error(Code::Cuda, what + ": " + describe(r));
 }
 
 } // namespace flashopt::host

@@ -92,7 +92,8 @@ Status checkLayouts(Communicator &c, const std::string &mine) {
       ++k;
     std::string ra = k < a.size() ? "'" + a[k] + "'" : "nothing more";
     std::string rb = k < b.size() ? "'" + b[k] + "'" : "nothing more";
-    return Status::error("the ranks registered different layouts: rank " +
+    return Status::error(Code::Mismatch,
+                         "the ranks registered different layouts: rank " +
                          std::to_string(r) + " has " + rb +
                          " where rank 0 has " + ra + " (line " +
                          std::to_string(k + 1) + ")");
@@ -126,14 +127,15 @@ DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
     // Ranks that reduce through different engines would hang, too.
     text += std::string("gradients reduced in ") +
             (!make_owner && comm->has_reduce_mean_device() &&
-                     std::strcmp(opt.backend().kind(), "cuda") == 0
+                     opt.backend().memory_is_device()
                  ? "device memory"
                  : "host memory") +
             "\n";
     if (Status s = checkLayouts(*comm, text); !s)
       return s;
     if (!deterministic && !comm->has_reduce_scatter())
-      return Status::error(comm->name() + " has no reduce_scatter_f32 for "
+      return Status::error(Code::Unsupported,
+                           comm->name() + " has no reduce_scatter_f32 for "
                                           "FLASHOPT_REDUCE_FAST");
     // Rank 0's parameters, correction terms and states, everywhere.
     for (int64_t i = 0; i < opt.num_tensors(); ++i)
@@ -163,7 +165,7 @@ DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
       if (!bad)
         return bad.status();
       if (!s)
-        return Status::error("sharding: " + s.message());
+        return s.prefixed("sharding: ");
       if (*bad)
         return Status::error("sharding failed on another rank");
     }
@@ -202,8 +204,8 @@ Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
                          " does not exist (there are " +
                          std::to_string(buckets_.size()) + ")");
   if (reduced_[size_t(bi)])
-    return Status::error("bucket " + std::to_string(bi) +
-                         " was already reduced for this step");
+    return Status::error(Code::State, "bucket " + std::to_string(bi) +
+                                          " was already reduced for this step");
   if (sharded()) {
     Status s = reduce_sharded(opt, bi);
     if (s)
@@ -214,8 +216,7 @@ Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
     const Bucket &bk = buckets_[size_t(bi)];
     const Manifest &m = opt.manifest();
     Backend &dev = opt.backend();
-    if (comm_->has_reduce_mean_device() &&
-        std::strcmp(dev.kind(), "cuda") == 0) {
+    if (comm_->has_reduce_mean_device() && dev.memory_is_device()) {
       // The engine averages the pieces in device memory (NCCL): the
       // gradients never leave the device.
       if (Status s = reduceOnDevice(opt, bk); !s)
@@ -359,7 +360,8 @@ Expected<bool> DataParallel::agree(const StepView &mine) {
       what = "the accumulation normalizer (" + std::to_string(x.normalizer) +
              " vs " + std::to_string(z.normalizer) + ")";
     if (!what.empty())
-      return Status::error("the ranks disagree before this step: rank " +
+      return Status::error(Code::Mismatch,
+                           "the ranks disagree before this step: rank " +
                            std::to_string(r) + " differs from rank 0 in " +
                            what);
     anyNonFinite = anyNonFinite || (x.skip && !x.finite);

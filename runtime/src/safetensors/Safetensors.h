@@ -65,6 +65,12 @@ struct TensorRef {
 Status write_file(const std::string &path, const std::vector<TensorRef> &tensors,
                   const std::map<std::string, std::string> &metadata);
 
+/// The bytes write_file would write for `tensors` and `metadata` (the same
+/// checks, the same header), in memory.
+Expected<std::vector<uint8_t>>
+serialize(const std::vector<TensorRef> &tensors,
+          const std::map<std::string, std::string> &metadata);
+
 /// CRC-32C (Castagnoli, the iSCSI/ext4 checksum) of `n` bytes, continuing
 /// from `crc` (0 to start). crc32c("123456789") == 0xE3069283.
 uint32_t crc32c(const void *data, size_t n, uint32_t crc = 0);
@@ -107,6 +113,10 @@ public:
   /// ("ckpt.safetensors: tensor 'w.param': data_offsets [0, 10] hold 10
   /// bytes but BF16 [4] needs 8").
   static Expected<File> read(const std::string &path);
+  /// Validates a whole file's bytes held in memory (as read() does after
+  /// reading); `origin` names them in errors and is path().
+  static Expected<File> parse(std::vector<uint8_t> bytes,
+                              const std::string &origin);
   const std::map<std::string, std::string> &metadata() const { return meta_; }
   const std::map<std::string, StoredTensor> &tensors() const { return tensors_; }
   /// The tensor named `name`, or nullptr.

@@ -21,7 +21,7 @@ TEST_CASE("group-aligned chunking over 1..7 threads matches one thread") {
   const std::vector<int64_t> sizes = {1, 31, 33, 1000, 4097, 65543, 31, 1, 4097};
   auto run = [&](int threads, std::vector<std::vector<float>> &p,
                  std::vector<std::vector<float>> &mOut, int64_t *calls) {
-    OptimizerOptions o;
+    CpuOptimizerOptions o;
     o.threads = threads;
     o.min_groups_per_chunk = 1; // use every thread even on these sizes
     auto opt = makeOptimizer(o);
@@ -116,7 +116,7 @@ TEST_CASE("split_groups: boundaries are group- and 64-element aligned") {
 }
 
 TEST_CASE("default chunking keeps small problems on one thread") {
-  OptimizerOptions o;
+  CpuOptimizerOptions o;
   o.threads = 4;
   auto opt = makeOptimizer(o);
   CHECK(opt->threads() == 4);
@@ -131,7 +131,7 @@ TEST_CASE("default chunking keeps small problems on one thread") {
   REQUIRE(opt->set_threads(1).ok());
   CHECK(opt->plan_chunks().size() == 1);
   REQUIRE(opt->step().ok());
-  OptimizerOptions d; // default: hardware concurrency
+  CpuOptimizerOptions d; // default: hardware concurrency
   auto opt2 = makeOptimizer(d);
   CHECK(opt2->threads() >= 1);
 }

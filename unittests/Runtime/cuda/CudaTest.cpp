@@ -467,7 +467,7 @@ TEST_CASE("GPU: one step of a shipped bundle matches the CPU (GPU only)") {
   REQUIRE_MESSAGE(ctx.ok(), ctx.error());
   auto gpu = CudaOptimizer::create(*ctx, dir);
   REQUIRE_MESSAGE(gpu.ok(), gpu.error());
-  LoadOptions lo;
+  CpuLoadOptions lo;
   lo.use_env = false;
   auto cpu = CpuOptimizer::create(dir, lo);
   REQUIRE_MESSAGE(cpu.ok(), cpu.error());
@@ -644,7 +644,7 @@ TEST_CASE(
   auto gpuOr = CudaOptimizer::create(*bundle, so);
   REQUIRE_MESSAGE(gpuOr.ok(), gpuOr.error());
   CudaOptimizer &gpu = **gpuOr;
-  LoadOptions lo;
+  CpuLoadOptions lo;
   lo.use_env = false;
   auto cpuOr = CpuOptimizer::create(dir, lo);
   REQUIRE(cpuOr.ok());

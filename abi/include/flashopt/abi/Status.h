@@ -5,9 +5,16 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// `Status` (success or a message) and `Expected<T>` (a value or a message):
-/// how every fallible call of the ABI library and of libflashopt's internal
-/// C++ layer reports failure. No exception crosses these APIs.
+/// `Status` (success, or an error: a code and a message) and `Expected<T>` (a
+/// value or an error): how every fallible call of the ABI library and of
+/// libflashopt's internal C++ layer reports failure. No exception crosses
+/// these APIs.
+///
+/// The code is set where the failure happens, by the code that knows what
+/// went wrong (a layout mismatch, a missing kernel, a failed driver call);
+/// the C ABI turns it into a `flashopt_status` in one place
+/// (runtime/src/capi/Errors.h). Messages are for people: nothing reads a
+/// code back out of one.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -20,28 +27,68 @@
 
 namespace flashopt::abi {
 
-/// Success, or an error message.
+/// What kind of failure a Status reports: the kinds the library's own code
+/// tells apart. The values are those of the C ABI's `flashopt_status`
+/// (flashopt.h) of the same name; the C ABI checks that they agree.
+enum class Code : int {
+  /// No code: the caller knows best (the entry point's device, format or
+  /// communication error). What Status::error(message) makes.
+  Unspecified = -1,
+  Ok = 0,
+  /// A value out of range, a bad enum.
+  InvalidArgument = 1,
+  /// The call is not valid now (a missing gradient, a hyper-parameter that
+  /// was never set, a bucket reduced twice).
+  State = 8,
+  /// Two things that must agree do not (ranks' layouts or steps).
+  Mismatch = 10,
+  /// Opening or reading a file failed.
+  Io = 11,
+  OutOfMemory = 12,
+  /// Not possible on this device, by this bundle or with this engine.
+  Unsupported = 13,
+  /// A CUDA driver call failed.
+  Cuda = 15,
+  Internal = 16,
+  /// A collective of a communicator failed.
+  Comm = 17,
+};
+
+/// Success, or an error: a code and a message.
 class [[nodiscard]] Status {
 public:
   Status() = default;
   static Status success() { return Status(); }
+  /// An error the caller classifies (Code::Unspecified).
   static Status error(std::string message) {
+    return error(Code::Unspecified, std::move(message));
+  }
+  /// An error of kind `code`.
+  static Status error(Code code, std::string message) {
     Status s;
-    s.failed_ = true;
+    s.code_ = code == Code::Ok ? Code::Unspecified : code;
     s.message_ = std::move(message);
     return s;
   }
-  bool ok() const { return !failed_; }
+  bool ok() const { return code_ == Code::Ok; }
   explicit operator bool() const { return ok(); }
+  /// Code::Ok on success.
+  Code code() const { return code_; }
   /// The error message ("" on success).
   const std::string &message() const { return message_; }
+  /// The same error with `prefix` before its message (the code kept).
+  Status prefixed(const std::string &prefix) const {
+    return error(code_, prefix + message_);
+  }
+  /// The same message as an error of kind `code`.
+  Status with_code(Code code) const { return error(code, message_); }
 
 private:
-  bool failed_ = false;
+  Code code_ = Code::Ok;
   std::string message_;
 };
 
-/// A value, or an error message.
+/// A value, or an error.
 template <typename T> class [[nodiscard]] Expected {
 public:
   Expected(T value) : value_(std::move(value)) {}
@@ -62,6 +109,8 @@ public:
   /// The error (a success Status when ok()).
   const Status &status() const { return error_; }
   const std::string &error() const { return error_.message(); }
+  /// The error's code (Code::Ok when ok()).
+  Code code() const { return error_.code(); }
 
 private:
   std::optional<T> value_;

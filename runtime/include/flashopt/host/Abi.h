@@ -22,6 +22,7 @@
 
 namespace flashopt::host {
 
+using abi::Code;
 using abi::Expected;
 using abi::Status;
 

@@ -64,8 +64,19 @@ public:
 
   /// The manifest of the loaded bundle (owned by the backend's bundle).
   virtual const Manifest &manifest() const = 0;
-  /// "cpu" or "cuda" (for messages).
+  /// "cpu" or "cuda" (for messages only: what a backend can do is asked
+  /// below, never inferred from its name).
   virtual const char *kind() const = 0;
+
+  // ---- capabilities --------------------------------------------------------
+  /// Whether the backend's addresses (state arenas, params, grads, scratch)
+  /// are device memory the host cannot dereference: what is copied out goes
+  /// through read() and write(), and a communicator that reduces device
+  /// memory in place (NCCL) can be handed the gradients themselves.
+  virtual bool memory_is_device() const = 0;
+  /// Whether all_finite() and sum_squares() are implemented: the non-finite
+  /// skip policy and gradient-norm clipping need them.
+  virtual bool scans_gradients() const = 0;
 
   // ---- pointer rules -------------------------------------------------------
   /// Success if `address` (a param or grad the caller registers; may be

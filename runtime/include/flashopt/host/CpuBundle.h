@@ -5,9 +5,9 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// `Bundle::load`: reads a bundle's manifest (abi/Manifest.h), picks the
+/// `CpuBundle::load`: reads a bundle's manifest (abi/Manifest.h), picks the
 /// first CPU kernel whose features this host supports (or the one named by
-/// `LoadOptions::cpu` / the FLASHOPT_CPU environment variable), dlopens it
+/// `CpuLoadOptions::cpu` / the FLASHOPT_CPU environment variable), dlopens it
 /// and resolves its step symbol (docs/KERNEL-ABI.md). The CPU features come
 /// from the ABI library's one list (abi/CpuFeatures.def).
 ///
@@ -19,6 +19,7 @@
 #include "flashopt/host/Abi.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -34,7 +35,7 @@ using KernelFn = void (*)(const int64_t *table, int64_t ntensors,
 /// ("avx2", "fma", "f16c", "bmi2", "avx512f", ...). Unknown names: false.
 bool host_supports_feature(std::string_view feature);
 
-struct LoadOptions {
+struct CpuLoadOptions {
   /// Force this CPU flavour ("x86-64"); "" picks the best supported one.
   std::string cpu;
   /// When `cpu` is empty, honour the FLASHOPT_CPU environment variable.
@@ -52,16 +53,28 @@ struct LoadOptions {
 Status check_kernel_abi(const Manifest &m, void *handle, const KernelEntry &k,
                         const std::string &manifest_path);
 
+/// Which step kernel of `m` runs on a CPU that `supports` the features
+/// named (host_supports_feature for this host): the one of flavour `forced`
+/// when it is not empty (`forced_from` names who asked, in errors), else the
+/// first whose features are all supported (flashopt-gen lists the best
+/// flavour first). Returns its index in m.kernels; an error naming the
+/// manifest and the flavours otherwise (Unsupported when the bundle has no
+/// such kernel). Pure: no dlopen, no CPUID.
+Expected<size_t>
+select_cpu_kernel(const Manifest &m, std::string_view forced,
+                  std::string_view forced_from,
+                  const std::function<bool(std::string_view)> &supports);
+
 /// A loaded bundle: its manifest and one dlopen'ed CPU kernel. Shared by the
 /// optimizers created from it; the library is closed with the last one.
-class Bundle {
+class CpuBundle {
 public:
   /// Loads the bundle directory `dir` (holding manifest.json).
-  static Expected<std::shared_ptr<Bundle>> load(const std::string &dir,
-                                                const LoadOptions &opts = {});
-  ~Bundle();
-  Bundle(const Bundle &) = delete;
-  Bundle &operator=(const Bundle &) = delete;
+  static Expected<std::shared_ptr<CpuBundle>> load(const std::string &dir,
+                                                const CpuLoadOptions &opts = {});
+  ~CpuBundle();
+  CpuBundle(const CpuBundle &) = delete;
+  CpuBundle &operator=(const CpuBundle &) = delete;
 
   const std::string &dir() const { return dir_; }
   const Manifest &manifest() const { return manifest_; }
@@ -79,7 +92,14 @@ public:
   void *symbol(const std::string &name) const;
 
 private:
-  Bundle() = default;
+  CpuBundle() = default;
+  /// The full path of kernel `k`'s shared object.
+  std::string kernelPath(const KernelEntry &k) const;
+  /// dlopens kernel `k` into `*handle` (set as soon as it is open, so that
+  /// the destructor closes it) and resolves its symbol into `*fn`, checking
+  /// its ABI description against the manifest when `checkAbi`.
+  Status loadKernel(const KernelEntry &k, bool checkAbi, void **handle,
+                    KernelFn *fn) const;
   std::string dir_;
   Manifest manifest_;
   size_t kernel_index_ = 0;

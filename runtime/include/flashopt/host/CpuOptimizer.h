@@ -30,7 +30,7 @@ namespace flashopt::host {
 /// more: a thread pool of 100000 threads only thrashes the machine).
 inline constexpr int kMaxCpuThreads = 1024;
 
-struct OptimizerOptions {
+struct CpuOptimizerOptions {
   /// Threads taking part in a step (the calling thread included); 0 means
   /// std::thread::hardware_concurrency(); at most kMaxCpuThreads.
   int threads = 0;
@@ -62,19 +62,23 @@ public:
   /// An optimizer over a loaded bundle. It starts with one param group
   /// (slot 0) holding the manifest's defaults.
   static Expected<std::unique_ptr<CpuOptimizer>>
-  create(std::shared_ptr<Bundle> bundle, const OptimizerOptions &opts = {});
+  create(std::shared_ptr<CpuBundle> bundle, const CpuOptimizerOptions &opts = {});
   /// Loads `bundle_dir` and creates an optimizer over it.
   static Expected<std::unique_ptr<CpuOptimizer>>
-  create(const std::string &bundle_dir, const LoadOptions &load = {},
-         const OptimizerOptions &opts = {});
+  create(const std::string &bundle_dir, const CpuLoadOptions &load = {},
+         const CpuOptimizerOptions &opts = {});
   ~CpuOptimizer() override;
 
-  const Bundle &bundle() const;
+  /// The same bundle, threads and chunking (Optimizer::create_sibling).
+  Expected<std::unique_ptr<Optimizer>> create_sibling() const override;
+
+  const CpuBundle &bundle() const;
 
   /// Threads taking part in a step.
   int threads() const;
   /// Resizes the thread pool (0 = hardware concurrency; more than
-  /// kMaxCpuThreads or fewer than 0 is an error). On failure to start threads, steps run on the calling thread and an error is returned.
+  /// kMaxCpuThreads or fewer than 0 is an error). On failure to start
+  /// threads, steps run on the calling thread and an error is returned.
   Status set_threads(int threads);
   /// The chunks the next step() will use.
   std::vector<Chunk> plan_chunks() const;

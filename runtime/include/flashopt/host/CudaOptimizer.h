@@ -64,6 +64,10 @@ public:
          const CudaOptimizerOptions &opts = {});
   ~CudaOptimizer() override;
 
+  /// The same bundle (so the same context) and options, the stream included
+  /// (Optimizer::create_sibling).
+  Expected<std::unique_ptr<Optimizer>> create_sibling() const override;
+
   const CudaBundle &bundle() const;
 
   /// The core's tensor calls with device addresses (grad may be 0 until

@@ -44,6 +44,13 @@ public:
   Backend &backend();
   const Backend &backend() const;
 
+  /// A new, empty optimizer like this one: the same loaded bundle (shared,
+  /// so it stays loaded while either lives), the same backend and options
+  /// (CPU threads; CUDA context and stream), one param group holding the
+  /// manifest's defaults, no tensors. Sharded data parallelism keeps each
+  /// rank's shard of the state in one.
+  virtual Expected<std::unique_ptr<Optimizer>> create_sibling() const = 0;
+
   // ---- param groups (hyper slots) ----------------------------------------
   /// Adds a param group with the manifest's defaults; returns its slot
   /// (-1 if memory ran out).
@@ -165,8 +172,7 @@ public:
   /// Whether release_state() was called.
   bool state_released() const;
 
-  // ---- memory
-  // ----------------------------------------------------------------
+  // ---- memory -------------------------------------------------------------
   BytesReport bytes() const;
 
 protected:
