@@ -1,4 +1,5 @@
-//===- PieceTest.cpp - flashopt_add_param_piece -----------------------------===//
+//===- PieceTest.cpp - flashopt_add_param_piece
+//-----------------------------===//
 //
 // Part of flashopt.
 //
@@ -59,7 +60,8 @@ struct Opt {
   flashopt_context ctx = nullptr;
   flashopt_optimizer opt = nullptr;
   explicit Opt(const std::string &spec) {
-    REQUIRE(flashopt_context_create(FLASHOPT_DEVICE_CPU, 0, &ctx) == FLASHOPT_OK);
+    REQUIRE(flashopt_context_create(FLASHOPT_DEVICE_CPU, 0, &ctx) ==
+            FLASHOPT_OK);
     REQUIRE_MESSAGE(flashopt_optimizer_create(
                         ctx, (binaryDir() + "/kernels/" + spec).c_str(),
                         &opt) == FLASHOPT_OK,
@@ -229,5 +231,6 @@ TEST_CASE("flashopt_add_param_piece: bad offsets are refused and register "
                                  nullptr, FLASHOPT_BF16, 0,
                                  &idx) == FLASHOPT_ERROR_ALREADY_EXISTS);
   CHECK(flashopt_add_param(o.opt, 0, "z", p.at(64), FLASHOPT_BF16, 32, nullptr,
-                           FLASHOPT_BF16, &idx) == FLASHOPT_ERROR_ALREADY_EXISTS);
+                           FLASHOPT_BF16,
+                           &idx) == FLASHOPT_ERROR_ALREADY_EXISTS);
 }

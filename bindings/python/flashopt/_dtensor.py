@@ -241,6 +241,7 @@ class ShardedParams:
     def __init__(self, owner):
         self.owner = owner
         self.layouts: List[Layout] = []
+        self._by_id: Dict[int, Layout] = {}
         self.mesh = None
         self.group = None
         self.rank, self.W = 0, 1
@@ -349,6 +350,7 @@ class ShardedParams:
                 piece.index = b.add_piece(prm, 0, gi, gid, name, a)
             lay.pieces.append(piece)
         self.layouts.append(lay)
+        self._by_id[id(p)] = lay
 
     # ---- the step -----------------------------------------------------------------------
     def _hyper_signature(self) -> bytes:
@@ -625,10 +627,10 @@ class ShardedParams:
         return reports
 
     def layout_of(self, p) -> Layout:
-        for lay in self.layouts:
-            if lay.p is p:
-                return lay
-        raise KeyError("flashopt: the parameter is not in this optimizer")
+        lay = self._by_id.get(id(p))
+        if lay is None or lay.p is not p:
+            raise KeyError("flashopt: the parameter is not in this optimizer")
+        return lay
 
     @torch.no_grad()
     def export_master(self, p):

@@ -379,6 +379,20 @@ def _dcp_worker(rank, W, mesh, mode, d):
                         a = a.to_local() if hasattr(a, "to_local") else a
                         b = b.to_local() if hasattr(b, "to_local") else b
                         assert torch.equal(a, b), (k, kk)
+            # DCP's full state (saved at W = 2), distributed to these 3 ranks,
+            # is the same state as the resharded checkpoint.
+            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+            full = torch.load(f"{d}/full.pt", weights_only=False)["optim"]
+            set_optimizer_state_dict(model, opt, full,
+                                     options=StateDictOptions(full_state_dict=True))
+            again = get_state_dict(model, opt)[1]
+            for k, v in before["state"].items():
+                for kk, t in v.items():
+                    if isinstance(t, torch.Tensor):
+                        a, b = t, again["state"][k][kk]
+                        a = a.to_local() if hasattr(a, "to_local") else a
+                        b = b.to_local() if hasattr(b, "to_local") else b
+                        assert torch.equal(a, b), ("full", k, kk)
     for s in range(3, 6):
         set_grads(model, s, mesh)
         opt.step()

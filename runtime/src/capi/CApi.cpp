@@ -351,9 +351,9 @@ flashopt_status flashopt_add_param_piece(
   return guard("flashopt_add_param_piece", [&] {
     Locked o(opt);
     if (element_offset < 0)
-      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           "the element offset is negative (" +
-               std::to_string(element_offset) + ")");
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT, "the element offset is negative (" +
+                                                std::to_string(element_offset) +
+                                                ")");
     addParam(*o, group, name, param, param_dtype, numel, grad, grad_dtype, {},
              out_index, element_offset);
   });
