@@ -1,0 +1,384 @@
+//===- GroupBodyEmitter.h - One group body on W lanes ------------*- C++
+//-*-===//
+//
+// Part of flashopt.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// The emitter behind GroupBodyLowering.h (internal to this library): the
+/// analysis of a group body into uniform and varying values and phases, the
+/// predicates and element accesses, in this header; the code of single
+/// operations (uniform, varying, guarded, dither, local maxima) in
+/// LaneCode.cpp; the drivers over phases and groups in GroupBodyLowering.cpp.
+///
+//===----------------------------------------------------------------------===//
+
+#ifndef FLASHOPT_LIB_GROUPBODYLOWERING_GROUPBODYEMITTER_H
+#define FLASHOPT_LIB_GROUPBODYLOWERING_GROUPBODYEMITTER_H
+
+#include "flashopt/Conversion/GroupBodyLowering.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/Support/MathExtras.h"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+namespace mlir::flashopt::detail {
+
+/// Lowers one group body for one worker.
+///
+/// The body is split into phases: phase 0 is everything that does not
+/// depend on a `flashopt.group_max`; a group maximum of a phase-p value is
+/// available from phase p+1 on. Each phase emits its uniform (scalar) code,
+/// then its varying (vector) code and this worker's part of the group
+/// maxima, then its element stores, then completes the maxima across
+/// workers. Element stores thus follow the last computation they need.
+class GroupBodyEmitter {
+public:
+  GroupBodyEmitter(OpBuilder &b, KernelOp kernel, const GroupBodyEnv &env,
+                   const IRMapping &prologue)
+      : b(b), kernel(kernel), env(env), prologue(prologue) {}
+
+  /// Analyzes the body and sets up the predicates; the first step of a
+  /// lowering.
+  LogicalResult prepare(Block &block, Location loc) {
+    if (failed(analyze(block)))
+      return failure();
+    setUpPredicates(loc);
+    return success();
+  }
+
+  int64_t numPhases() const { return maxPhase + 1; }
+
+  /// Loads first: every per-element load is one full-width access.
+  void emitLoad(Operation &op) {
+    if (auto load = dyn_cast<LoadElementOp>(op))
+      vectors[load.getResult()] =
+          loadElements(load.getLoc(), load.getBuffer(), load.getType());
+  }
+
+  /// Uniform code of phase `p` (group loads and stores, scalars derived
+  /// from the previous phase's group maxima).
+  LogicalResult emitUniformStep(Operation &op, int64_t p) {
+    if (phaseOf(&op) == p && isUniformOp(&op))
+      return emitUniform(op);
+    return success();
+  }
+
+  /// Varying code of phase `p`, and this worker's part of the group maxima.
+  void emitVaryingStep(Operation &op, int64_t p) {
+    if (auto gmax = dyn_cast<GroupMaxOp>(op)) {
+      if (varying.count(gmax.getValue()) && phaseOf(gmax.getValue()) == p)
+        partialMax[gmax.getResult()] =
+            localMax(op.getLoc(), gmax.getValue(), bitOrder(gmax));
+      return;
+    }
+    if (phaseOf(&op) != p || isUniformOp(&op) ||
+        isa<LoadElementOp, StoreElementOp>(op))
+      return;
+    emitVarying(op);
+  }
+
+  /// Whether the group maximum `op` of phase `p` can be reduced together
+  /// with other groups' (emitGroupBodies' `reduceLanes`): an unsigned
+  /// maximum of bits (order-independent, NaN payloads included), of a
+  /// worker that holds its whole group and no masked lanes.
+  bool canBatchMax(Operation &op, int64_t p) {
+    auto gmax = dyn_cast<GroupMaxOp>(op);
+    return gmax && varying.count(gmax.getValue()) &&
+           phaseOf(gmax.getValue()) == p && bitOrder(gmax) &&
+           env.predication == Predication::None && !env.combineAcrossWorkers;
+  }
+  int64_t width() const { return env.width; }
+  /// The operand of a batchable group maximum as a vector of i32 bits.
+  Value maxInputBits(Operation &op) {
+    auto gmax = cast<GroupMaxOp>(op);
+    Value v = vectorOf(op.getLoc(), gmax.getValue());
+    return arith::BitcastOp::create(b, op.getLoc(), vecOf(b.getI32Type()), v);
+  }
+  /// This worker's part of a batched group maximum (i32 bits).
+  void setPartialMaxBits(Operation &op, Value bits) {
+    partialMax[cast<GroupMaxOp>(op).getResult()] =
+        arith::BitcastOp::create(b, op.getLoc(), b.getF32Type(), bits);
+  }
+
+  /// Stores of phase `p`: full-width accesses.
+  void emitStoreStep(Operation &op, int64_t p) {
+    if (auto store = dyn_cast<StoreElementOp>(op))
+      if (phaseOf(&op) == p)
+        storeElements(op.getLoc(), store.getBuffer(),
+                      vectorOf(op.getLoc(), store.getValue()));
+  }
+
+  /// Finishes the group maxima of phase `p` across workers.
+  void emitMaxStep(Operation &op, int64_t p) {
+    auto gmax = dyn_cast<GroupMaxOp>(op);
+    if (!gmax || phaseOf(gmax.getValue()) != p ||
+        !varying.count(gmax.getValue()))
+      return;
+    Location loc = op.getLoc();
+    Value v = partialMax.lookup(gmax.getResult());
+    if (env.combineAcrossWorkers) {
+      // Absolute values combine as the unsigned max of their bits, as in
+      // localMax, so every target agrees on NaN payloads too.
+      if (bitOrder(gmax)) {
+        Value bits = arith::BitcastOp::create(b, loc, b.getI32Type(), v);
+        bits = env.combineAcrossWorkers(b, loc, bits);
+        v = arith::BitcastOp::create(b, loc, b.getF32Type(), bits);
+      } else {
+        v = env.combineAcrossWorkers(b, loc, v);
+      }
+    }
+    scalars[gmax.getResult()] = v;
+  }
+
+private:
+  OpBuilder &b;
+  KernelOp kernel;
+  const GroupBodyEnv &env;
+  const IRMapping &prologue;
+  int64_t maxPhase = 0;
+  /// Phase of every body operation.
+  llvm::DenseMap<Operation *, int64_t> phases;
+  /// Body values that differ from element to element.
+  llvm::DenseSet<Value> varying;
+  /// Uniform values (scalars).
+  llvm::DenseMap<Value, Value> scalars;
+  /// Vector values of varying body values.
+  llvm::DenseMap<Value, Value> vectors;
+  /// This worker's part of each group maximum of the current phase.
+  llvm::DenseMap<Value, Value> partialMax;
+  /// Whether all of the worker's lanes are valid (i1), for PerAccess.
+  Value allValid;
+
+  VectorType vecOf(Type t, int64_t n) { return VectorType::get({n}, t); }
+  VectorType vecOf(Type t) { return vecOf(t, env.width); }
+
+  int64_t phaseOf(Operation *op) { return phases.lookup(op); }
+  /// Whether a group maximum is taken over bit patterns as unsigned
+  /// integers: asked for (`bits`), or the same as the float order because
+  /// the operand is an absolute value.
+  static bool bitOrder(GroupMaxOp gmax) {
+    return gmax.getBits() ||
+           gmax.getValue().getDefiningOp<math::AbsFOp>() != nullptr;
+  }
+  int64_t phaseOf(Value v) {
+    Operation *def = v.getDefiningOp();
+    return def && phases.count(def) ? phases.lookup(def) : 0;
+  }
+  bool isUniformOp(Operation *op) {
+    if (isa<LoadGroupOp, StoreGroupOp>(op))
+      return true;
+    if (isa<LoadElementOp, StoreElementOp, GroupMaxOp, GuardedOp, DitherOp>(op))
+      return false;
+    return llvm::none_of(op->getResults(),
+                         [&](Value r) { return varying.count(r); });
+  }
+
+  LogicalResult analyze(Block &block) {
+    for (Operation &op : block) {
+      if (op.getNumRegions() != 0 && !isa<GuardedOp>(op))
+        return op.emitOpError() << "cannot be lowered inside a group body";
+      int64_t phase = 0;
+      for (Value operand : op.getOperands())
+        phase = std::max(phase, phaseOf(operand));
+      // A guarded fallback runs in the phase of everything it uses.
+      bool usesVarying = false;
+      if (auto guarded = dyn_cast<GuardedOp>(op))
+        guarded.getFallback().walk([&](Operation *inner) {
+          for (Value v : inner->getOperands())
+            if (!guarded->isAncestor(v.getParentRegion()->getParentOp())) {
+              phase = std::max(phase, phaseOf(v));
+              usesVarying |= varying.count(v) != 0;
+            }
+        });
+      if (auto gmax = dyn_cast<GroupMaxOp>(op))
+        phase =
+            phaseOf(gmax.getValue()) + (varying.count(gmax.getValue()) ? 1 : 0);
+      phases[&op] = phase;
+      maxPhase = std::max(maxPhase, phase);
+      bool isVarying = isa<LoadElementOp, DitherOp>(op) || usesVarying ||
+                       (!isa<GroupMaxOp, LoadGroupOp>(op) &&
+                        llvm::any_of(op.getOperands(), [&](Value v) {
+                          return varying.count(v);
+                        }));
+      if (isVarying)
+        for (Value r : op.getResults())
+          varying.insert(r);
+    }
+    // A dither is computed in the phase of its first use, not before the
+    // group maxima its uses wait for: W more values live across a
+    // butterfly cost the GPU kernels registers.
+    for (Operation &op : block) {
+      if (!isa<DitherOp>(op))
+        continue;
+      int64_t first = maxPhase;
+      for (Operation *user : op.getUsers()) {
+        Operation *top = block.findAncestorOpInBlock(*user);
+        if (top)
+          first = std::min(first, phases.lookup(top));
+      }
+      phases[&op] = std::max(phases.lookup(&op), first);
+    }
+    return success();
+  }
+
+  void setUpPredicates(Location loc) {
+    if (env.predication != Predication::PerAccess)
+      return;
+    Value width = arith::ConstantIndexOp::create(b, loc, env.width);
+    Value end = arith::AddIOp::create(b, loc, env.elementIndex, width);
+    allValid = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::sle, end,
+                                     env.numElements);
+    if (env.active)
+      allValid = arith::AndIOp::create(b, loc, allValid, env.active);
+  }
+
+  /// Emits the validity mask (vector<n x i1>) of the worker's lanes
+  /// [offset, offset + n). It is recomputed at every use rather than kept
+  /// live across the body: on the GPU a live vector of predicates costs
+  /// registers.
+  Value laneMask(OpBuilder &ob, Location loc, int64_t offset, int64_t n) {
+    // Index arithmetic (32-bit on the GPU, 64-bit on the host).
+    Type idx = ob.getIndexType();
+    SmallVector<int64_t> iota(n);
+    for (int64_t i = 0; i < n; ++i)
+      iota[i] = offset + i;
+    Value lanes = arith::ConstantOp::create(
+        ob, loc,
+        DenseElementsAttr::get(
+            vecOf(idx, n),
+            llvm::map_to_vector(iota, [](int64_t v) { return APInt(64, v); })));
+    Value firstV =
+        vector::BroadcastOp::create(ob, loc, vecOf(idx, n), env.elementIndex);
+    Value numelV =
+        vector::BroadcastOp::create(ob, loc, vecOf(idx, n), env.numElements);
+    Value pos = arith::AddIOp::create(ob, loc, firstV, lanes);
+    Value mask =
+        arith::CmpIOp::create(ob, loc, arith::CmpIPredicate::slt, pos, numelV);
+    if (env.active) {
+      Value activeV = vector::BroadcastOp::create(
+          ob, loc, vecOf(ob.getI1Type(), n), env.active);
+      mask = arith::AndIOp::create(ob, loc, mask, activeV);
+    }
+    return mask;
+  }
+  Value laneMask(OpBuilder &ob, Location loc) {
+    return laneMask(ob, loc, 0, env.width);
+  }
+
+  Value scalarOf(Value v) {
+    auto it = scalars.find(v);
+    if (it != scalars.end())
+      return it->second;
+    return prologue.lookupOrDefault(v);
+  }
+
+  /// The vector form of `v`: a varying value, or a broadcast of a uniform
+  /// one.
+  Value vectorOf(Location loc, Value v) {
+    auto it = vectors.find(v);
+    if (it != vectors.end())
+      return it->second;
+    Value s = scalarOf(v);
+    return vector::BroadcastOp::create(b, loc, vecOf(s.getType()), s);
+  }
+
+  int64_t alignmentFor(Type elementType, int64_t count) {
+    int64_t bytes = (elementType.getIntOrFloatBitWidth() + 7) / 8;
+    int64_t align = bytes;
+    int64_t total = bytes * count;
+    while (align * 2 <= env.maxAlignment && total % (align * 2) == 0)
+      align *= 2;
+    return align;
+  }
+
+  Value base(OpBuilder &ob, Location loc, int64_t buffer) {
+    return env.baseAddress(ob, loc, buffer);
+  }
+
+  /// A full-width load of this worker's elements of `buffer`.
+  Value loadElements(Location loc, int64_t buffer, Type t) {
+    VectorType vt = vecOf(t);
+    int64_t align = alignmentFor(t, env.width);
+    int64_t elemAlign = alignmentFor(t, 1);
+    switch (env.predication) {
+    case Predication::None:
+      return RawLoadOp::create(b, loc, vt, base(b, loc, buffer),
+                               env.elementIndex, Value(), align);
+    case Predication::Masked:
+      return RawLoadOp::create(b, loc, vt, base(b, loc, buffer),
+                               env.elementIndex, laneMask(b, loc), elemAlign);
+    case Predication::PerAccess: {
+      auto ifOp = scf::IfOp::create(
+          b, loc, allValid,
+          [&](OpBuilder &tb, Location l) {
+            Value v = RawLoadOp::create(tb, l, vt, base(tb, l, buffer),
+                                        env.elementIndex, Value(), align);
+            scf::YieldOp::create(tb, l, v);
+          },
+          [&](OpBuilder &eb, Location l) {
+            Value v =
+                RawLoadOp::create(eb, l, vt, base(eb, l, buffer),
+                                  env.elementIndex, laneMask(eb, l), elemAlign);
+            scf::YieldOp::create(eb, l, v);
+          });
+      return ifOp.getResult(0);
+    }
+    }
+    llvm_unreachable("unknown predication");
+  }
+
+  void storeElements(Location loc, int64_t buffer, Value v) {
+    Type t = cast<VectorType>(v.getType()).getElementType();
+    int64_t align = alignmentFor(t, env.width);
+    int64_t elemAlign = alignmentFor(t, 1);
+    switch (env.predication) {
+    case Predication::None:
+      RawStoreOp::create(b, loc, v, base(b, loc, buffer), env.elementIndex,
+                         Value(), align);
+      return;
+    case Predication::Masked:
+      RawStoreOp::create(b, loc, v, base(b, loc, buffer), env.elementIndex,
+                         laneMask(b, loc), elemAlign);
+      return;
+    case Predication::PerAccess:
+      scf::IfOp::create(
+          b, loc, allValid,
+          [&](OpBuilder &tb, Location l) {
+            RawStoreOp::create(tb, l, v, base(tb, l, buffer), env.elementIndex,
+                               Value(), align);
+            scf::YieldOp::create(tb, l);
+          },
+          [&](OpBuilder &eb, Location l) {
+            RawStoreOp::create(eb, l, v, base(eb, l, buffer), env.elementIndex,
+                               laneMask(eb, l), elemAlign);
+            scf::YieldOp::create(eb, l);
+          });
+      return;
+    }
+  }
+
+  /// The maximum of `in` over the worker's valid lanes (LaneCode.cpp).
+  Value localMax(Location loc, Value in, bool nonNegative);
+  /// The scalar code of a uniform operation.
+  LogicalResult emitUniform(Operation &op);
+  /// A guarded value (LaneCode.cpp).
+  void emitGuarded(GuardedOp g);
+  /// The dither of each of the worker's elements (LaneCode.cpp).
+  void emitDither(DitherOp op);
+  /// The vector code of a varying operation.
+  void emitVarying(Operation &op);
+};
+
+} // namespace mlir::flashopt::detail
+
+#endif // FLASHOPT_LIB_GROUPBODYLOWERING_GROUPBODYEMITTER_H
