@@ -165,7 +165,8 @@ class FlashOptimizer(Optimizer):
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"flashopt: optimizer can only optimize Tensors, got {type(p).__name__}")
         if _is_dtensor(p):
-            self._check_dtensor_param(p)
+            from ._dtensor import check_param
+            check_param(self, p)
             return
         if p.layout is not torch.strided:
             raise TypeError(f"flashopt: parameters with layout {p.layout} are not supported")
@@ -181,22 +182,6 @@ class FlashOptimizer(Optimizer):
             raise ValueError(f"flashopt: parameter memory must be 16-byte aligned "
                              f"(shape {tuple(p.shape)} at {p.data_ptr():#x})")
 
-    def _check_dtensor_param(self, p) -> None:
-        """A DTensor parameter: checks that depend only on its global
-        metadata (the same verdict on every rank, so no rank waits for
-        another in a collective)."""
-        from . import _dtensor
-        where = f"parameter {self._num_params} (shape {tuple(p.shape)})"
-        err = _dtensor.placement_error(p, where)
-        if err is not None:
-            raise TypeError(err)
-        if p.dtype not in _DTYPES:
-            raise TypeError(f"flashopt: {type(self).__name__} supports bfloat16, float16 and "
-                            f"float32 parameters, not {p.dtype} ({where})")
-        _device_key(p.device)
-        if p.numel() == 0:
-            raise ValueError(f"flashopt: empty parameters are not supported ({where})")
-
     @staticmethod
     def _bundle_key(p: torch.Tensor) -> tuple:
         return (p.dtype, _device_key(p.device))
@@ -207,50 +192,14 @@ class FlashOptimizer(Optimizer):
         torch.optim's lazy states), which would advance step counters.
         flashopt's states exist from registration (in libflashopt, read
         through state_dict()); `state` says so."""
-        from ._dtensor import SPEC_KEY
+        from ._dtensor_state import SPEC_KEY
         self.state[p] = {SPEC_KEY: b.spec}
 
     def _add_dtensor_group(self, param_group: Dict[str, Any], params) -> None:
-        """add_param_group for DTensor parameters (_dtensor.py): every rank
-        calls it alike; a mismatch across ranks is an error on every rank."""
+        """add_param_group for DTensor parameters (_dtensor.add_group): every
+        rank calls it alike; a mismatch across ranks is an error on every rank."""
         from . import _dtensor
-        if not all(_is_dtensor(p) for p in params) or (self._num_params and
-                                                        self._sharded is None):
-            raise TypeError("flashopt: an optimizer steps either DTensor parameters (FSDP2's "
-                            "fully_shard, Replicate) or plain tensors, not both")
-        for p in params:
-            self._check_param(p)
-        if self._gradient_release is not None:
-            raise RuntimeError("flashopt: add parameters before enabling gradient release")
-        param_group = dict(param_group)
-        param_group["params"] = params
-        super().add_param_group(param_group)  # torch's checks: duplicates, defaults
-        group = self.param_groups[-1]
-        group.setdefault("initial_lr", _float(group["lr"]))
-        gi = len(self.param_groups) - 1
-        if self._sharded is None:
-            self._sharded = _dtensor.ShardedParams(self)
-
-        def bundle_of(p):
-            local = p.to_local()
-            key = self._bundle_key(local)
-            if key not in self._bundles:
-                spec = spec_name(self._rule, p.dtype, self.master_weight_bits, self.quantize,
-                                 self.arithmetic, self.numerics)
-                self._bundles[key] = _Bundle(type(self).__name__, spec, p.dtype, local.device,
-                                             self._mode(p.dtype))
-            return self._bundles[key]
-
-        first = self._num_params
-        fresh = [p for p in params if id(p) not in self._where]
-        self._sharded.add_group(fresh, group, gi, first, self._bundles, bundle_of)
-        for k, p in enumerate(fresh):
-            self._where[id(p)] = (self._sharded.layouts[-len(fresh) + k].bundle, -1)
-            self._mark_state(p, self._where[id(p)][0])
-        self._num_params += len(fresh)
-        for b in self._bundles.values():
-            b.ensure_groups(len(self.param_groups))
-        self._sync_group(gi)
+        _dtensor.add_group(self, param_group, params, super().add_param_group)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         params = param_group["params"]
@@ -589,7 +538,7 @@ class FlashOptimizer(Optimizer):
 
         DTensor (FSDP2) parameters: per parameter, "step", "flashopt.spec" and
         the exact compressed states as DTensors of global shapes, for
-        torch.distributed.checkpoint (_dtensor.py)."""
+        torch.distributed.checkpoint (_dtensor_dcp.py)."""
         if self._sharded is not None:
             return self._sharded.state_dict(self.param_groups)
         return _state.state_dict(self.param_groups, self._bundle_list())

@@ -1,238 +1,31 @@
 """DTensor parameters: FSDP2 (`torch.distributed.fsdp.fully_shard`, placement
-Shard(0)) and Replicate, on a 1-D device mesh.
-
-Numerics that do not depend on the world size. A parameter's quantization
-groups are those of one process: groups of G (32) consecutive elements of the
-FULL flattened tensor, and every element's dither index is its index in the
-full tensor (docs/NUMERICS.md §8.3). FSDP2 gives each rank whole rows (split
-as torch.chunk splits dim 0), so a shard starts and ends anywhere in the flat
-index. Each rank registers its shard with libflashopt as at most three pieces
-(flashopt_add_param_piece, each with its offset in the full tensor):
-
-- the group-aligned middle: a zero-copy view of the local shard (parameter
-  and gradient);
-- at each end whose group other ranks hold part of (a "split" group), that
-  whole group: scratch parameter and gradient buffers of <= G elements, with
-  their own correction and state slices in the library.
-
-A split group is stepped redundantly, by every rank that holds part of it,
-from the same inputs: before each step the ranks exchange the <= G - 1
-elements (gradient and parameter) they hold of their split groups, in one
-all_gather_into_tensor of a packed buffer for all parameters (plus a small
-header through which the ranks agree on the step: GradScaler's found_inf,
-which parameters have gradients, the hyper-parameters, local errors). The
-correction terms and states of a split group are identical on its ranks by
-construction (same inputs, same bits); after the step each rank copies back
-only its own elements. A step is then the single-process step, bit for bit,
-for any world size and any shard boundaries (uneven shards and ranks holding
-zero rows included); the cost is <= 2 groups of scratch per parameter per
-rank and one small collective per step (none for the halo when every
-boundary falls on a group boundary, e.g. rows of a multiple of 32 elements).
-
-Distributed checkpoints (torch.distributed.checkpoint, DCP): state_dict()
-gives, per parameter, "step", "flashopt.spec" (the bundle) and the exact
-compressed states as DTensors with the parameter's global shape and
-placement (codes, correction terms, fp32 states), built with
-DTensor.from_local(shape=, stride=) so uneven shards work, and no gather.
-Scales are per group of the full tensor, which torch.chunk does not split
-like the rows; they are saved as a table with one row per parameter row (K
-columns: the scales of the groups that row touches, zero-padded), sharded
-like the rows, so DCP reshards it exactly to any world size. Loading takes
-each rank's rows, exchanges the split groups' codes, and loads the library
-pieces. docs/PYTHON.md "FSDP2 and DCP" has the costs.
+Shard(0)) and Replicate, on a 1-D device mesh. This module holds
+ShardedParams, the DTensor parameters of one optimizer (registration, the
+step and its one collective, reports, master weights), and the optimizer's
+DTensor entry points (check_param, add_group). The scheme (numerics that do
+not depend on the world size, pieces, split groups) is described in
+_dtensor_layout.py, the exact state format in _dtensor_state.py, DCP's state
+dicts in _dtensor_dcp.py.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import struct
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from . import _dtensor_dcp
 from . import _lib as L
-from . import _state
-from ._bundle import _DTYPES, _Bundle, _float
-
-# A parameter's entries in the state dict besides its states.
-SPEC_KEY = "flashopt.spec"
-STEP_KEY = "step"
+from ._bundle import _DTYPES, _Bundle, _device_key, _float, _is_dtensor
+from ._dtensor_layout import (Layout, _bytes_of, _chunk_rows, _Packing, _Piece, _types,
+                              placement_error)
+from ._dtensor_state import SPEC_KEY, STEP_KEY, plain_checkpoint  # noqa: F401 (re-exported)
 
 _HEADER = 256  # bytes of each rank's step header (flags, signature, error text)
 _ERROR_BYTES = 200
-
-
-def _types():
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-    return DTensor, Replicate, Shard
-
-
-def placement_error(p, where: str) -> Optional[str]:
-    """Why DTensor parameter `p` cannot be stepped (None: it can). Depends on
-    global metadata only (mesh, placements, dtype), so every rank reaches the
-    same verdict without communicating."""
-    DTensor, Replicate, Shard = _types()
-    mesh = p.device_mesh
-    if mesh.ndim != 1:
-        return (f"flashopt: {where} is a DTensor on a {mesh.ndim}-D device mesh "
-                f"(placements {tuple(p.placements)!r}); flashopt steps DTensor parameters on a "
-                "1-D mesh only (FSDP2's fully_shard over one mesh dimension, or Replicate). "
-                "HSDP and tensor + data parallelism are not supported")
-    pl = p.placements[0]
-    if type(pl) is Shard and pl.dim == 0:
-        if p.ndim == 0:
-            return f"flashopt: {where} is a 0-dim DTensor sharded on dim 0"
-        return None
-    if type(pl) is Replicate:
-        return None
-    return (f"flashopt: {where} has placement {pl!r}; flashopt steps "
-            "DTensor parameters placed Shard(0) (FSDP2's fully_shard) or Replicate only. "
-            "Other shardings (e.g. Shard(1) or a strided shard from tensor parallelism) "
-            "would split quantization groups across ranks in ways flashopt does not "
-            "reconstruct; they are not supported")
-
-
-def _chunk_rows(R: int, W: int, q: int) -> Tuple[int, int]:
-    """Rows [a, b) of rank q when torch.chunk splits R rows into W pieces
-    (chunks of ceil(R / W); the last ranks may get fewer or none)."""
-    cs = -(-R // W) if R else 0
-    return min(q * cs, R), min((q + 1) * cs, R)
-
-
-def _split_parts(s: int, e: int, N: int, G: int):
-    """A rank's elements [s, e): its parts of its first and last groups when
-    other ranks hold part of them ((a, b) global ranges, or None)."""
-    if e <= s:
-        return None, None
-    kf, kl = s // G, (e - 1) // G
-    gf, gl = min(kf * G + G, N), min(kl * G + G, N)
-    first = (s, min(e, gf)) if (s > kf * G or e < gf) else None
-    last = (max(s, kl * G), e) if (kl != kf and (e < gl or s > kl * G)) else None
-    return first, last
-
-
-def _align8(n: int) -> int:
-    return (n + 7) // 8 * 8
-
-
-class _Piece:
-    """One library tensor of a parameter: elements [start, end) of the full
-    tensor; `scratch`: a split group held whole (param and grad are scratch
-    buffers), else a view of the local shard."""
-
-    __slots__ = ("index", "start", "end", "scratch", "param", "grad", "name")
-
-    def __init__(self, start, end, scratch, param, grad, name):
-        self.index = -1
-        self.start, self.end, self.scratch = start, end, scratch
-        self.param, self.grad, self.name = param, grad, name
-
-
-class Layout:
-    """Where a parameter's elements are on every rank, and this rank's pieces.
-
-    Also used for a plain (single-process) parameter: one rank holding all
-    of it as one piece (from_plain), to load DCP's full-state exports."""
-
-    def __init__(self, gid: int, gi: int, shape, N: int, G: int, ranges, rank: int):
-        self.gid, self.gi, self.G = gid, gi, G
-        self.shape, self.N = tuple(shape), N
-        self.R = self.shape[0] if self.shape else 1
-        self.L = N // self.R if self.R else 1  # elements per row of dim 0
-        self.ranges, self.rank = ranges, rank
-        self.s, self.e = ranges[rank]
-        self.n = self.e - self.s
-        self.parts = [_split_parts(a, b, N, G) for a, b in ranges]
-        self.halo = any(f is not None or l is not None for f, l in self.parts)
-        self.pieces: List[_Piece] = []
-        self.step = 0
-        self.p = None
-        self.bundle: Optional[_Bundle] = None
-        self.local_ptr = 0
-
-    @classmethod
-    def from_plain(cls, gid, shape, N, G):
-        return cls(gid, 0, shape, N, G, [(0, N)], 0)
-
-    # ---- geometry ------------------------------------------------------------
-    def group_end(self, k: int) -> int:
-        return min(k * self.G + self.G, self.N)
-
-    def own_groups(self) -> Tuple[int, int]:
-        """The groups [kf, kl] this rank holds elements of."""
-        return self.s // self.G, (self.e - 1) // self.G
-
-    def piece_ranges(self) -> List[Tuple[int, int, bool]]:
-        """(start, end, scratch) of this rank's pieces, in order."""
-        if self.n == 0:
-            return []
-        first, last = self.parts[self.rank]
-        kf, kl = self.own_groups()
-        out = []
-        if first is not None:
-            out.append((kf * self.G, self.group_end(kf), True))
-        m0 = self.group_end(kf) if first is not None else self.s
-        m1 = kl * self.G if (last is not None or (first is not None and kl == kf)) else self.e
-        if m1 > m0:
-            out.append((m0, m1, False))
-        if last is not None:
-            out.append((kl * self.G, self.group_end(kl), True))
-        return out
-
-    def segments(self, a: int, b: int):
-        """The ranks holding elements of [a, b): (rank, x, y, slot) with slot
-        0 (the rank's first split group) or 1 (its last)."""
-        out = []
-        for q, (sq, eq) in enumerate(self.ranges):
-            x, y = max(a, sq), min(b, eq)
-            if x >= y:
-                continue
-            first, last = self.parts[q]
-            slot = 0 if first is not None and first[0] == x else 1
-            out.append((q, x, y, slot))
-        return out
-
-    def row_groups(self, r0: int, r1: int):
-        """For rows [r0, r1): each row's first group and group count."""
-        i = torch.arange(r0, r1, dtype=torch.int64)
-        first = (i * self.L) // self.G
-        last = ((i + 1) * self.L - 1) // self.G
-        return first, last - first + 1
-
-    def table_width(self) -> int:
-        """K: the most groups any row touches (the scale table's columns)."""
-        _, count = self.row_groups(0, min(self.R, self.G))
-        return int(count.max()) if count.numel() else 1
-
-    def own_rows(self) -> Tuple[int, int]:
-        return self.s // self.L if self.L else 0, self.e // self.L if self.L else 0
-
-
-# ---- the exchange --------------------------------------------------------------------
-class _Packing:
-    """Byte offsets of the buffer every rank sends in an exchange: a header
-    of `header` bytes, then per halo layout and per field the rank's parts of
-    its first and last split groups (<= G - 1 elements each), as float32 (it
-    holds every param, gradient, code, scale and correction dtype exactly)."""
-
-    def __init__(self, layouts: List[Layout], fields: int, header: int):
-        self.offsets: Dict[Tuple[int, int, int], int] = {}
-        at = header
-        for li, lay in enumerate(layouts):
-            if not lay.halo:
-                continue
-            for fi in range(fields):
-                for k in (0, 1):
-                    self.offsets[(li, fi, k)] = at
-                    at += _align8(4 * (lay.G - 1))
-        self.bytes = _align8(max(at, 8))
-
-
-def _bytes_of(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
 
 
 class ShardedParams:
@@ -679,255 +472,76 @@ class ShardedParams:
             lay.bundle.import_master(pc.index, vals)
         self._copy_back(lay)
 
-    # ---- state dicts ---------------------------------------------------------------------
-    @torch.no_grad()
+    # ---- state dicts (_dtensor_dcp.py) -------------------------------------------------
     def state_dict(self, param_groups) -> Dict[str, Any]:
         """torch's layout: per parameter index "step", SPEC_KEY and the exact
-        states as DTensors with the parameter's global shape (per-element
-        buffers) or the scale table's (per-group buffers). No communication."""
-        DTensor, _, _ = _types()
-        groups, _ = _state._torch_groups(param_groups)
-        ckpt = {}
-        for b in self.bundles():
-            if b.params:
-                ckpt[id(b)] = _state.read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))[0]
-        state: Dict[int, Dict[str, Any]] = {}
-        for lay in self.layouts:
-            b = lay.bundle
-            own = own_states(lay, ckpt.get(id(b), {}), state_buffers(b))
-            local = lay.p.to_local()
-            dev = local.device
-            entry: Dict[str, Any] = {STEP_KEY: torch.tensor(float(lay.step)), SPEC_KEY: b.spec}
-            for name, per, dt in state_buffers(b):
-                v = own[name]
-                if per == "element":
-                    entry[name] = DTensor.from_local(
-                        v.reshape(local.shape).to(dev), self.mesh, lay.p.placements,
-                        run_check=False, shape=lay.p.shape, stride=lay.p.stride())
-                else:
-                    t = scale_table(lay, v)
-                    K = t.shape[1]
-                    entry[name] = DTensor.from_local(
-                        t.to(dev), self.mesh, lay.p.placements, run_check=False,
-                        shape=torch.Size((lay.R, K)), stride=(K, 1))
-            state[lay.gid] = entry
-        return {"state": state, "param_groups": groups}
+        states as DTensors (_dtensor_dcp.state_dict). No communication."""
+        return _dtensor_dcp.state_dict(self, param_groups)
 
-    @torch.no_grad()
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
-        """Loads a state_dict() of any world size (DCP resharded it to this
-        rank's placement), or DCP's full state (plain tensors). Collective.
-        Everything is checked on every rank before any bundle changes."""
-        keys = [k for g in sd["param_groups"] for k in g["params"]]
-        st = sd["state"]
-        err, owns = "", []
-        try:
-            for lay in self.layouts:
-                key = keys[lay.gid]
-                entry = st.get(key, st.get(str(key)))
-                if entry is None:
-                    raise ValueError(f"flashopt: the state dict has no state for parameter "
-                                     f"{key!r} (p{lay.gid})")
-                owns.append(entry_states(lay, entry, lay.bundle))
-        except Exception as e:
-            err = f"{type(e).__name__}: {e}"
-        got = [None] * self.W
-        dist.all_gather_object(got, err, group=self.group)
-        for q, e in enumerate(got):
-            if e:
-                raise ValueError(f"flashopt: loading the optimizer state failed on rank {q}: "
-                                 f"{e}; nothing was loaded on any rank")
-        # The split groups' other elements come from their ranks.
-        nf = max((len(elem_buffers(lay.bundle)) for lay in self.layouts), default=0)
-        packing = _Packing(self.layouts, nf, 0)
-        fields = []
-        for lay, (own, _) in zip(self.layouts, owns):
-            names = elem_buffers(lay.bundle)
-            fields.append([own[n] for n in names] + [None] * (nf - len(names)))
-        recv = self._exchange(b"", self.layouts, fields, packing).cpu() if nf else None
-        datas = []
-        for b in self.bundles():
-            if not b.params:
-                continue
-            tensors, meta = _state.read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
-            steps = {}
-            for li, lay in enumerate(self.layouts):
-                if lay.bundle is not b:
-                    continue
-                own, step = owns[li]
-                fill_pieces(lay, own, tensors, b,
-                            lambda fi, pc, dest, lay=lay, li=li, own=own: self._fill(
-                                lay, li, fi, own[elem_buffers(b)[fi]], recv, packing, pc, dest))
-                for pc in lay.pieces:
-                    steps[pc.name] = step
-            datas.append((b, _state.write(tensors, _state.without_checksums(
-                _state.with_steps(meta, steps)))))
-        for b, data in datas:
-            b.load_checkpoint_bytes(data)
-        for lay, (_, step) in zip(self.layouts, owns):
-            lay.step = step
+        """Loads a state_dict() of any world size, or DCP's full state
+        (_dtensor_dcp.load_state_dict). Collective."""
+        _dtensor_dcp.load_state_dict(self, sd)
 
 
-# ---- the exact per-parameter state format (shared with single-process loads) -----------
-_TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
-                "i8": torch.int8, "ui8": torch.uint8, "i16": torch.int16}
+# ---- the optimizer's DTensor entry points (FlashOptimizer, _base.py) -----------------------
+def check_param(opt, p) -> None:
+    """A DTensor parameter of optimizer `opt`: checks that depend only on its
+    global metadata (the same verdict on every rank, so no rank waits for
+    another in a collective)."""
+    where = f"parameter {opt._num_params} (shape {tuple(p.shape)})"
+    err = placement_error(p, where)
+    if err is not None:
+        raise TypeError(err)
+    if p.dtype not in _DTYPES:
+        raise TypeError(f"flashopt: {type(opt).__name__} supports bfloat16, float16 and "
+                        f"float32 parameters, not {p.dtype} ({where})")
+    _device_key(p.device)
+    if p.numel() == 0:
+        raise ValueError(f"flashopt: empty parameters are not supported ({where})")
 
 
-def state_buffers(b: _Bundle) -> List[Tuple[str, str, torch.dtype]]:
-    """The bundle's library-owned buffers (correction, codes, scales, fp32
-    states): (name, "element" or "group", dtype), from its manifest."""
-    cached = getattr(b, "_state_buffers", None)
-    if cached is None:
-        with open(b.path / "manifest.json") as f:
-            m = json.load(f)
-        cached = [(x["name"], x["per"], _TORCH_DTYPE[x["dtype"]]) for x in m["buffers"]
-                  if x["name"] not in ("param", "grad")]
-        b._state_buffers = cached
-    return cached
+def add_group(opt, param_group: Dict[str, Any], params,
+              torch_add_param_group: Callable[[Dict[str, Any]], None]) -> None:
+    """add_param_group of optimizer `opt` for DTensor parameters: every rank
+    calls it alike; a mismatch across ranks is an error on every rank.
+    `torch_add_param_group` is torch.optim.Optimizer's (torch's checks:
+    duplicates, defaults)."""
+    from ._base import spec_name
+    if not all(_is_dtensor(p) for p in params) or (opt._num_params and
+                                                    opt._sharded is None):
+        raise TypeError("flashopt: an optimizer steps either DTensor parameters (FSDP2's "
+                        "fully_shard, Replicate) or plain tensors, not both")
+    for p in params:
+        opt._check_param(p)
+    if opt._gradient_release is not None:
+        raise RuntimeError("flashopt: add parameters before enabling gradient release")
+    param_group = dict(param_group)
+    param_group["params"] = params
+    torch_add_param_group(param_group)
+    group = opt.param_groups[-1]
+    group.setdefault("initial_lr", _float(group["lr"]))
+    gi = len(opt.param_groups) - 1
+    if opt._sharded is None:
+        opt._sharded = ShardedParams(opt)
 
+    def bundle_of(p):
+        local = p.to_local()
+        key = opt._bundle_key(local)
+        if key not in opt._bundles:
+            spec = spec_name(opt._rule, p.dtype, opt.master_weight_bits, opt.quantize,
+                             opt.arithmetic, opt.numerics)
+            opt._bundles[key] = _Bundle(type(opt).__name__, spec, p.dtype, local.device,
+                                        opt._mode(p.dtype))
+        return opt._bundles[key]
 
-def elem_buffers(b: _Bundle) -> List[str]:
-    return [n for n, per, _ in state_buffers(b) if per == "element"]
-
-
-def own_states(lay: Layout, tensors: Dict[str, torch.Tensor], bufs) -> Dict[str, torch.Tensor]:
-    """This rank's part of each state buffer, from a bundle checkpoint's
-    tensors: per-element buffers flat over its elements [s, e); per-group
-    ones over its groups [kf, kl]."""
-    out = {}
-    for name, per, dt in bufs:
-        parts = []
-        for pc in lay.pieces:
-            t = tensors[f"{pc.name}.{name}"].reshape(-1)
-            if per == "element":
-                x, y = max(pc.start, lay.s), min(pc.end, lay.e)
-                parts.append(t[x - pc.start:y - pc.start])
-            else:
-                parts.append(t)
-        out[name] = torch.cat(parts) if parts else torch.empty(0, dtype=dt)
-    return out
-
-
-def scale_table(lay: Layout, gs: torch.Tensor) -> torch.Tensor:
-    """This rank's rows of the scale table: row i holds the scales of the
-    groups row i touches (first first), zero-padded to K columns."""
-    r0, r1 = lay.own_rows()
-    K = lay.table_width()
-    out = torch.zeros((r1 - r0, K), dtype=gs.dtype)
-    if r1 > r0:
-        first, count = lay.row_groups(r0, r1)
-        j = torch.arange(K)
-        valid = j[None, :] < count[:, None]
-        idx = first[:, None] + j[None, :] - lay.s // lay.G
-        out[valid] = gs[idx[valid]]
-    return out
-
-
-def scales_from_table(lay: Layout, table: torch.Tensor) -> torch.Tensor:
-    """This rank's group scales [kf, kl] from its rows of the scale table."""
-    r0, r1 = lay.own_rows()
-    if r1 <= r0:
-        return torch.empty(0, dtype=table.dtype)
-    kf, kl = lay.own_groups()
-    gs = torch.zeros(kl - kf + 1, dtype=table.dtype)
-    first, count = lay.row_groups(r0, r1)
-    K = table.shape[1]
-    j = torch.arange(K)
-    valid = j[None, :] < count[:, None]
-    idx = first[:, None] + j[None, :] - kf
-    gs[idx[valid]] = table[valid]
-    return gs
-
-
-def entry_states(lay: Layout, entry: Dict[str, Any], b: _Bundle):
-    """Checks a parameter's state-dict entry against bundle b and returns
-    (this rank's part of each buffer, step). Entries hold DTensors (this
-    rank's shard, as DCP loaded them) or full tensors (DCP's full state)."""
-    DTensor, _, _ = _types()
-    spec = entry.get(SPEC_KEY)
-    if spec is None:
-        raise ValueError(f"flashopt: the state of p{lay.gid} has no {SPEC_KEY!r} entry (keys "
-                         f"{sorted(entry)}): it is not a flashopt state")
-    if spec != b.spec:
-        other = _state._other_numerics(b.spec, [spec])
-        if other is not None:
-            theirs = "flashoptim" if spec.endswith("_flashoptim") else "bounded"
-            raise ValueError(
-                f"flashopt: the state was written with numerics={theirs!r} (bundle {spec}), "
-                f"but this optimizer runs bundle {b.spec}. Build the optimizer with "
-                f"numerics={theirs!r} to resume the run bit for bit (docs/NUMERICS.md §8)")
-        raise ValueError(f"flashopt: the state of p{lay.gid} is of bundle {spec}, this "
-                         f"optimizer runs {b.spec}")
-    own = {}
-    r0, r1 = lay.own_rows()
-    for name, per, dt in state_buffers(b):
-        if name not in entry:
-            raise ValueError(f"flashopt: the state of p{lay.gid} has no {name!r}")
-        v = entry[name]
-        if not isinstance(v, torch.Tensor):
-            raise TypeError(f"flashopt: the state {name!r} of p{lay.gid} is a "
-                            f"{type(v).__name__}")
-        if v.dtype != dt:
-            raise TypeError(f"flashopt: the state {name!r} of p{lay.gid} is {v.dtype}, "
-                            f"{b.spec} holds {dt}")
-        if isinstance(v, DTensor):
-            local = v.to_local().detach().cpu()
-        else:  # a full tensor: this rank's part
-            full = v.detach().cpu()
-            local = (full.reshape(-1)[lay.s:lay.e] if per == "element"
-                     else full[r0:r1] if full.dim() == 2 else full)
-        if per == "element":
-            if local.numel() != lay.n:
-                raise ValueError(f"flashopt: the state {name!r} of p{lay.gid} has "
-                                 f"{local.numel()} local elements, this rank holds {lay.n}")
-            own[name] = local.reshape(-1).contiguous()
-        else:
-            K = lay.table_width()
-            if tuple(local.shape) != (r1 - r0, K):
-                raise ValueError(f"flashopt: the scale table {name!r} of p{lay.gid} has "
-                                 f"local shape {tuple(local.shape)}, expected "
-                                 f"{(r1 - r0, K)}")
-            own[name] = scales_from_table(lay, local)
-    step = int(_float(entry.get(STEP_KEY, 0)))
-    return own, step
-
-
-def fill_pieces(lay: Layout, own: Dict[str, torch.Tensor], tensors: Dict[str, torch.Tensor],
-                b: _Bundle, fill_split) -> None:
-    """Writes a parameter's states into its pieces' checkpoint tensors: the
-    middle from this rank's elements, split groups through `fill_split(field,
-    piece, dest)` (the exchange), scales from its groups."""
-    kf = lay.s // lay.G
-    names = elem_buffers(b)
-    for pc in lay.pieces:
-        for name, per, dt in state_buffers(b):
-            key = f"{pc.name}.{name}"
-            dest = tensors[key].reshape(-1).clone()
-            if per == "element":
-                if pc.scratch:
-                    fill_split(names.index(name), pc, dest)
-                else:
-                    dest.copy_(own[name][pc.start - lay.s:pc.end - lay.s])
-            else:
-                g0, g1 = pc.start // lay.G, -(-pc.end // lay.G)
-                dest.copy_(own[name][g0 - kf:g1 - kf])
-            tensors[key] = dest
-
-
-def plain_checkpoint(b: _Bundle, entries: List[Optional[Dict[str, Any]]]) -> bytes:
-    """A single-process bundle's compressed checkpoint from exact
-    per-parameter entries (DCP's full state of an FSDP run): entries[i] is
-    the entry of the bundle's parameter i (None: keep its state)."""
-    tensors, meta = _state.read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
-    G = int(b.info.group_size)
-    steps = {}
-    for i, entry in enumerate(entries):
-        if entry is None:
-            continue
-        p = b.params[i]
-        lay = Layout.from_plain(b.global_ids[i], tuple(p.shape), p.numel(), G)
-        lay.pieces = [_Piece(0, lay.N, False, None, None, b.names[i])]
-        own, step = entry_states(lay, entry, b)
-        fill_pieces(lay, own, tensors, b, None)
-        steps[b.names[i]] = step
-    return _state.write(tensors, _state.without_checksums(_state.with_steps(meta, steps)))
+    first = opt._num_params
+    fresh = [p for p in params if id(p) not in opt._where]
+    opt._sharded.add_group(fresh, group, gi, first, opt._bundles, bundle_of)
+    for k, p in enumerate(fresh):
+        opt._where[id(p)] = (opt._sharded.layouts[-len(fresh) + k].bundle, -1)
+        opt._mark_state(p, opt._where[id(p)][0])
+    opt._num_params += len(fresh)
+    for b in opt._bundles.values():
+        b.ensure_groups(len(opt.param_groups))
+    opt._sync_group(gi)

@@ -142,7 +142,7 @@ def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]) -> List[bytes]:
             out.append(write(e["tensors"], e["metadata"]))
         elif _has_exact_entries(sd["state"]):
             # DCP's full state of an FSDP2 run (exact per-parameter states).
-            from ._dtensor import plain_checkpoint
+            from ._dtensor_state import plain_checkpoint
             out.append(plain_checkpoint(b, _entries_by_position(b, sd)))
         else:
             out.append(f32_checkpoint_from_torch_state(b, sd["state"]))
@@ -150,7 +150,7 @@ def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]) -> List[bytes]:
 
 
 def _has_exact_entries(state) -> bool:
-    from ._dtensor import SPEC_KEY
+    from ._dtensor_state import SPEC_KEY
     return any(isinstance(v, dict) and SPEC_KEY in v for v in state.values())
 
 
