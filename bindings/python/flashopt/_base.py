@@ -150,6 +150,9 @@ class FlashOptimizer(Optimizer):
         self._gradient_release = None
         self._kernel_grad_scale = 1.0  # 1/GradScaler's scale for the step at hand
         self._constructor_lr = defaults["lr"]
+        # DTensor parameters (FSDP2, Replicate): _dtensor.ShardedParams, once
+        # the first is registered.
+        self._sharded = None
         super().__init__(params, defaults)
 
     # ---- parameters ----------------------------------------------------------------
@@ -162,8 +165,9 @@ class FlashOptimizer(Optimizer):
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"flashopt: optimizer can only optimize Tensors, got {type(p).__name__}")
         if _is_dtensor(p):
-            raise TypeError("flashopt: DTensor parameters (FSDP2 / tensor parallel) are not "
-                            "supported; use DistributedDataParallel or ZeroRedundancyOptimizer")
+            from ._dtensor import check_param
+            check_param(self, p)
+            return
         if p.layout is not torch.strided:
             raise TypeError(f"flashopt: parameters with layout {p.layout} are not supported")
         if p.dtype not in _DTYPES:
@@ -182,6 +186,21 @@ class FlashOptimizer(Optimizer):
     def _bundle_key(p: torch.Tensor) -> tuple:
         return (p.dtype, _device_key(p.device))
 
+    def _mark_state(self, p, b: _Bundle) -> None:
+        """torch.distributed.checkpoint's get/set_optimizer_state_dict run a
+        step with zero gradients when `state` is empty (to create
+        torch.optim's lazy states), which would advance step counters.
+        flashopt's states exist from registration (in libflashopt, read
+        through state_dict()); `state` says so."""
+        from ._dtensor_state import SPEC_KEY
+        self.state[p] = {SPEC_KEY: b.spec}
+
+    def _add_dtensor_group(self, param_group: Dict[str, Any], params) -> None:
+        """add_param_group for DTensor parameters (_dtensor.add_group): every
+        rank calls it alike; a mismatch across ranks is an error on every rank."""
+        from . import _dtensor
+        _dtensor.add_group(self, param_group, params, super().add_param_group)
+
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         params = param_group["params"]
         if isinstance(params, torch.Tensor):
@@ -190,6 +209,8 @@ class FlashOptimizer(Optimizer):
             raise TypeError("optimizer parameters need to be organized in ordered collections")
         else:
             params = list(params)
+        if self._sharded is not None or any(_is_dtensor(p) for p in params):
+            return self._add_dtensor_group(param_group, params)
         for p in params:
             self._check_param(p)
         # Bundles for every (dtype, device) first: a missing one changes nothing.
@@ -230,6 +251,7 @@ class FlashOptimizer(Optimizer):
             idx = b.add(p, gi, self._num_params)
             self._where[id(p)] = (b, idx)
             self._num_params += 1
+            self._mark_state(p, b)
         for b in self._bundles.values():
             b.ensure_groups(len(self.param_groups))
         self._sync_group(gi)
@@ -323,6 +345,15 @@ class FlashOptimizer(Optimizer):
             warnings.warn("flashopt: step() does nothing while gradient release is enabled "
                           "(parameters are stepped during backward)")
             return loss
+        if self._sharded is not None:
+            # Every rank steps, and the ranks agree on GradScaler's found_inf
+            # in the step's one collective (_dtensor.py).
+            go = self._take_amp_scaling()
+            self._sync_hypers()
+            if self._check_numerics_each_step:
+                self.check_numerics()
+            self._sharded.step(go, self._stream)
+            return loss
         if not self._take_amp_scaling():
             return loss  # GradScaler found an inf: nothing changes, no counter moves
         self._sync_hypers()
@@ -345,6 +376,13 @@ class FlashOptimizer(Optimizer):
 
     def _step_one(self, p: torch.Tensor):
         """Steps one parameter now (gradient release)."""
+        if self._sharded is not None:
+            # FSDP2 calls the hook after the reduce-scatter, on every rank in
+            # the same order: the parameter's split groups are exchanged.
+            lay = self._sharded.layout_of(p)
+            self._sync_group(lay.gi)
+            self._sharded.step(True, self._stream, only=lay)
+            return
         b, i = self._where[id(p)]
         g = p.grad
         if g is None:
@@ -367,6 +405,8 @@ class FlashOptimizer(Optimizer):
     # ---- reports ---------------------------------------------------------------------
     def memory_report(self) -> Dict[str, float]:
         """Exact optimizer-side bytes (libflashopt's report summed over bundles)."""
+        if self._sharded is not None:
+            return self._sharded.memory()  # this rank's
         keys = ["numel", "param_bytes", "correction_bytes", "grad_bytes", "state_bytes",
                 "total_bytes", "total_bytes_with_grad_release", "allocated_bytes"]
         out = {k: 0 for k in keys}
@@ -394,16 +434,25 @@ class FlashOptimizer(Optimizer):
         """Raises NumericsError when some group's lr cannot move its largest
         weight at this master-weight precision (or a parameter is NaN/Inf)."""
         self._sync_hypers()
+        if self._sharded is not None:
+            return self._sharded.check_numerics()  # collective
         return [b.check_numerics() for b in self._bundles.values()]
 
     # ---- master weights ----------------------------------------------------------------
     def export_master(self, p: torch.Tensor) -> torch.Tensor:
-        """The fp32 master weight of parameter p (p plus its correction term)."""
+        """The fp32 master weight of parameter p (p plus its correction term);
+        a DTensor placed like p for a DTensor parameter."""
+        if self._sharded is not None:
+            return self._sharded.export_master(p)
         b, i = self._where[id(p)]
         return b.export_master(i).reshape(p.shape).to(p.device)
 
     def import_master(self, p: torch.Tensor, value: torch.Tensor) -> None:
-        """Sets parameter p (and its correction term) from an fp32 master weight."""
+        """Sets parameter p (and its correction term) from an fp32 master weight.
+        DTensor parameters: `value` is a DTensor placed like p or the full
+        tensor, and the call is collective (every rank, same order)."""
+        if self._sharded is not None:
+            return self._sharded.import_master(p, value)
         b, i = self._where[id(p)]
         b.import_master(i, value)
 
@@ -447,6 +496,7 @@ class FlashOptimizer(Optimizer):
         """A safetensors checkpoint written by libflashopt (atomic). With more
         than one bundle (mixed dtypes), one file per bundle
         (checkpoint_paths)."""
+        self._no_files_for_dtensors()
         fmt = L.CHECKPOINT_COMPRESSED if compressed else L.CHECKPOINT_F32
         for b, f in zip(self._bundle_list(), self.checkpoint_paths(path)):
             b.save(f, fmt)
@@ -454,6 +504,7 @@ class FlashOptimizer(Optimizer):
     def load_checkpoint(self, path) -> None:
         """Loads what save_checkpoint wrote (same spec, same parameters);
         hyper-parameters come back into param_groups."""
+        self._no_files_for_dtensors()
         files = self.checkpoint_paths(path)
         for f in files:
             if not os.path.isfile(f):
@@ -461,6 +512,13 @@ class FlashOptimizer(Optimizer):
         for b, f in zip(self._bundle_list(), files):
             b.load(f)
         self._hypers_from_bundles()
+
+    def _no_files_for_dtensors(self):
+        if self._sharded is not None:
+            raise NotImplementedError(
+                "flashopt: save_checkpoint/load_checkpoint write one process's files; with "
+                "DTensor (FSDP2) parameters use torch.distributed.checkpoint: "
+                "get_optimizer_state_dict / set_optimizer_state_dict with dcp.save / dcp.load")
 
     def _hypers_from_bundles(self):
         """param_groups[i] hyper-parameters from the first bundle (after a load)."""
@@ -476,7 +534,13 @@ class FlashOptimizer(Optimizer):
         """torch's layout ({'state', 'param_groups'}) with fp32 states per
         parameter index ('step', 'exp_avg', ...), plus 'flashopt': the exact
         compressed tensors (codes, scales, correction terms, parameters) and
-        metadata of every bundle, as libflashopt checkpoints them."""
+        metadata of every bundle, as libflashopt checkpoints them.
+
+        DTensor (FSDP2) parameters: per parameter, "step", "flashopt.spec" and
+        the exact compressed states as DTensors of global shapes, for
+        torch.distributed.checkpoint (_dtensor_dcp.py)."""
+        if self._sharded is not None:
+            return self._sharded.state_dict(self.param_groups)
         return _state.state_dict(self.param_groups, self._bundle_list())
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -485,11 +549,19 @@ class FlashOptimizer(Optimizer):
         the same parameters ('exp_avg', 'momentum_buffer', ...)."""
         groups = state_dict["param_groups"]
         _state.check_groups(self.param_groups, groups)
+        if self._sharded is not None:
+            self._sharded.load_state_dict(state_dict)  # collective; checks first
+            self._groups_from(groups)
+            return
         bundles = self._bundle_list()
         # Every checkpoint is built and well-formed before any bundle changes;
         # the library validates each fully before it changes anything.
         for b, data in zip(bundles, _state.checkpoints_from_state_dict(bundles, state_dict)):
             b.load_checkpoint_bytes(data)
+        self._groups_from(groups)
+
+    def _groups_from(self, groups) -> None:
+        """param_groups entries (not the parameters) from a loaded state dict."""
         for mine, theirs in zip(self.param_groups, groups):
             for k, v in theirs.items():
                 if k != "params":

@@ -139,6 +139,24 @@ class _Bundle:
         self.grad_ptrs.append(0)
         return idx.value
 
+    def add_piece(self, param: torch.Tensor, grad_ptr: int, group: int, gid: int, name: str,
+                  element_offset: int) -> int:
+        """Registers `param` (flat, contiguous: a view of a shard or a scratch
+        buffer) as elements [element_offset, element_offset + numel) of
+        parameter `gid` (flashopt_add_param_piece: any address on the CPU)."""
+        self.ensure_groups(group + 1)
+        idx = ctypes.c_int64()
+        self._call("flashopt_add_param_piece", self.handle, group, name.encode(),
+                   ctypes.c_void_p(param.data_ptr()), _DTYPES[param.dtype][0], param.numel(),
+                   ctypes.c_void_p(grad_ptr) if grad_ptr else None, self.grad_code,
+                   int(element_offset), ctypes.byref(idx))
+        self.params.append(param)
+        self.names.append(name)
+        self.global_ids.append(gid)
+        self.groups.append(group)
+        self.grad_ptrs.append(grad_ptr)
+        return idx.value
+
     def set_grads(self, idx: List[int], ptrs: List[int]):
         """Re-points the gradients of parameters `idx` (one call for all)."""
         if not idx:

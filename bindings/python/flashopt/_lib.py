@@ -166,6 +166,10 @@ _SIGS = {
     "flashopt_get_hyper": (_c.c_int, [_vp, _c.c_int32, _c.c_char_p, _c.POINTER(_c.c_double)]),
     "flashopt_add_param": (_c.c_int, [_vp, _c.c_int32, _c.c_char_p, _vp, _c.c_int, _c.c_int64,
                                       _vp, _c.c_int, _c.POINTER(_c.c_int64)]),
+    # A piece of a larger tensor (an FSDP2 shard's pieces: _dtensor.py).
+    "flashopt_add_param_piece": (_c.c_int, [_vp, _c.c_int32, _c.c_char_p, _vp, _c.c_int,
+                                            _c.c_int64, _vp, _c.c_int, _c.c_int64,
+                                            _c.POINTER(_c.c_int64)]),
     "flashopt_set_grad": (_c.c_int, [_vp, _c.c_int64, _vp, _c.c_int, _c.c_int64]),
     "flashopt_set_grads": (_c.c_int, [_vp, _c.c_int64, _c.POINTER(_c.c_int64),
                                       _c.POINTER(_vp), _c.c_int]),

@@ -140,9 +140,27 @@ def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]) -> List[bytes]:
                                  f"(it has {sorted(fo['bundles'])})")
             e = fo["bundles"][b.spec]
             out.append(write(e["tensors"], e["metadata"]))
+        elif _has_exact_entries(sd["state"]):
+            # DCP's full state of an FSDP2 run (exact per-parameter states).
+            from ._dtensor_state import plain_checkpoint
+            out.append(plain_checkpoint(b, _entries_by_position(b, sd)))
         else:
             out.append(f32_checkpoint_from_torch_state(b, sd["state"]))
     return out
+
+
+def _has_exact_entries(state) -> bool:
+    from ._dtensor_state import SPEC_KEY
+    return any(isinstance(v, dict) and SPEC_KEY in v for v in state.values())
+
+
+def _entries_by_position(b, sd: Dict[str, Any]):
+    """The state entry of each of b's parameters: the state dict's
+    parameters are matched by position in param_groups, as torch.optim does
+    (keys may be indices or, from get_optimizer_state_dict, names)."""
+    keys = [k for g in sd["param_groups"] for k in g["params"]]
+    st = sd["state"]
+    return [st.get(keys[gid]) if gid < len(keys) else None for gid in b.global_ids]
 
 
 def _other_numerics(spec: str, have) -> "str | None":

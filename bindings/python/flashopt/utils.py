@@ -98,7 +98,10 @@ def enable_gradient_release(model: nn.Module, optimizer) -> GradientReleaseHandl
     zero_grad() become no-ops (with a warning) until handle.remove().
     Numerically identical to backward() followed by step(). Not with
     DistributedDataParallel (gradients must be averaged first) or with
-    gradient accumulation."""
+    gradient accumulation. With FSDP2 (fully_shard) each parameter is
+    stepped when its reduce-scattered gradient shard is assigned (FSDP2 calls
+    the hook then, on every rank in the same order), and that shard is freed
+    (a collective per parameter for its shared groups)."""
     from .optim import FlashOptimizer
     if not isinstance(optimizer, FlashOptimizer):
         raise TypeError("enable_gradient_release needs a flashopt optimizer")

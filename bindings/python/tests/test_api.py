@@ -255,11 +255,13 @@ def test_bad_arguments():
         flashopt.FlashSGD([base, base[:16]])
 
 
-def test_dtensor_is_refused():
+def test_dtensor_placements():
+    # DTensor parameters placed Shard(0) (FSDP2) or Replicate are stepped
+    # (tests/test_fsdp.py); any other placement is refused by name.
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
-    from torch.distributed.tensor import DTensor, Replicate, init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, init_device_mesh
     import os
     import socket
     s = socket.socket()
@@ -270,9 +272,16 @@ def test_dtensor_is_refused():
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        t = DTensor.from_local(torch.zeros(8), mesh, [Replicate()])
-        with pytest.raises(TypeError, match="DTensor"):
+        t = DTensor.from_local(torch.zeros(8, 4), mesh, [Shard(1)])
+        with pytest.raises(TypeError, match=r"Shard\(dim=1\).*DTensor"):
             flashopt.FlashAdamW([torch.nn.Parameter(t)])
+        p = torch.nn.Parameter(DTensor.from_local(torch.ones(8), mesh, [Replicate()]))
+        opt = flashopt.FlashAdamW([p], lr=0.1)
+        p.grad = DTensor.from_local(torch.ones(8), mesh, [Replicate()])
+        opt.step()
+        assert float(p.to_local().max()) < 1.0
+        with pytest.raises(TypeError, match="not both"):
+            opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(4))]})
     finally:
         dist.destroy_process_group()
 

@@ -283,6 +283,25 @@ FLASHOPT_API flashopt_status flashopt_add_param_dlpack(
     const void *param /* const DLTensor * */,
     const void *grad /* const DLTensor *, or NULL */,
     int64_t *out_index);
+/** Registers a piece of a larger logical tensor, as flashopt_add_param
+ *  does a whole tensor: `numel` elements that are elements
+ *  [element_offset, element_offset + numel) of the logical tensor (a shard
+ *  of a parameter that another process, or another piece, holds the rest
+ *  of). The piece steps exactly as those elements of the whole tensor: the
+ *  bounded numerics' dither takes each element's index in the logical
+ *  tensor (docs/NUMERICS.md §8.3), and quantization groups start at the
+ *  piece's first element, so `element_offset` must be a multiple of the
+ *  bundle's group_size (FLASHOPT_ERROR_INVALID_ARGUMENT otherwise). The
+ *  piece's parameter and gradient memory need only the alignment the
+ *  device's kernels need, here and in later flashopt_set_grad(s) calls: any
+ *  on the CPU, 16 bytes on CUDA (a shard of whole rows starts wherever its
+ *  first row does). Names, sizes, dtypes and checkpoints are as for
+ *  flashopt_add_param; the offset is not saved in checkpoints (whoever
+ *  registers the piece gives it again). */
+FLASHOPT_API flashopt_status flashopt_add_param_piece(
+    flashopt_optimizer opt, int32_t group, const char *name, void *param,
+    flashopt_dtype param_dtype, int64_t numel, const void *grad,
+    flashopt_dtype grad_dtype, int64_t element_offset, int64_t *out_index);
 /** Re-points the gradient of parameter `index` (`numel` must match). */
 FLASHOPT_API flashopt_status flashopt_set_grad(flashopt_optimizer opt,
                                                int64_t index, const void *grad,

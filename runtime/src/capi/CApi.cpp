@@ -344,6 +344,21 @@ flashopt_status flashopt_add_param(flashopt_optimizer opt, int32_t group,
   });
 }
 
+flashopt_status flashopt_add_param_piece(
+    flashopt_optimizer opt, int32_t group, const char *name, void *param,
+    flashopt_dtype param_dtype, int64_t numel, const void *grad,
+    flashopt_dtype grad_dtype, int64_t element_offset, int64_t *out_index) {
+  return guard("flashopt_add_param_piece", [&] {
+    Locked o(opt);
+    if (element_offset < 0)
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT, "the element offset is negative (" +
+                                                std::to_string(element_offset) +
+                                                ")");
+    addParam(*o, group, name, param, param_dtype, numel, grad, grad_dtype, {},
+             out_index, element_offset);
+  });
+}
+
 flashopt_status flashopt_add_param_dlpack(flashopt_optimizer opt, int32_t group,
                                           const char *name, const void *param,
                                           const void *grad,

@@ -110,6 +110,9 @@ struct ParamRec {
   std::vector<int64_t> shape;
   uintptr_t param = 0;
   int64_t paramBytes = 0;
+  /// Registered by flashopt_add_param_piece: its addresses need only the
+  /// alignment the backend's kernels need.
+  bool piece = false;
 };
 
 struct OptObj {

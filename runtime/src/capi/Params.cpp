@@ -74,11 +74,21 @@ static bool validUtf8(const std::string &s) {
   return true;
 }
 
+/// A piece's address: the alignment the backend's kernels need (any on the
+/// CPU, 16 bytes on CUDA).
+static void checkPieceAddress(OptObj &o, const std::string &who,
+                              const char *what, const void *address) {
+  Status s = o.opt->backend().check_address(who.c_str(), what, address);
+  if (!s)
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT, s.message());
+}
+
 void addParam(OptObj &o, int32_t group, const char *cname, void *param,
               flashopt_dtype pdt, int64_t numel, const void *grad,
               flashopt_dtype gdt, std::vector<int64_t> shape,
-              int64_t *out_index) {
+              int64_t *out_index, int64_t elementOffset) {
   needOut(out_index, "out_index");
+  const bool piece = elementOffset != kWholeTensor;
   int64_t index = int64_t(o.params.size());
   if (o.dp())
     fail(FLASHOPT_ERROR_STATE,
@@ -121,10 +131,20 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
     fail(FLASHOPT_ERROR_DTYPE, who + ": grad dtype is " + dtypeText(gdt) +
                                    ", but " + m.name + " takes " +
                                    dtype_name(m.grad) + " gradients");
-  if (uintptr_t(param) % 16 != 0 || uintptr_t(grad) % 16 != 0)
+  if (piece) {
+    if (elementOffset < 0 || elementOffset % m.group_size != 0)
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+           who + ": the element offset " + std::to_string(elementOffset) +
+               " is not a nonnegative multiple of the group size " +
+               std::to_string(m.group_size));
+    checkPieceAddress(o, who, "param", param);
+    if (grad)
+      checkPieceAddress(o, who, "grad", grad);
+  } else if (uintptr_t(param) % 16 != 0 || uintptr_t(grad) % 16 != 0) {
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
          who + ": the " + (uintptr_t(param) % 16 ? "param" : "grad") +
              " address is not 16-byte aligned");
+  }
   // Names: unique, and no checkpoint tensor name shared with another
   // parameter ("w.correction" as a name next to a parameter "w").
   auto same = o.byName.find(name);
@@ -154,6 +174,12 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
       o.opt->add_param(group, param, numel, const_cast<void *>(grad));
   if (!r)
     fail(r.status(), FLASHOPT_ERROR_INTERNAL, who + ": " + r.error());
+  if (piece && elementOffset != 0) {
+    // Only a failure to rebuild the tensor table can fail here (the offset
+    // was checked above).
+    if (Status st = o.opt->set_element_offset(*r, elementOffset); !st)
+      fail(st, FLASHOPT_ERROR_INTERNAL, who + ": " + st.message());
+  }
   ParamRec rec;
   rec.name = name;
   rec.numel = numel;
@@ -161,6 +187,7 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
   rec.shape = shape.empty() ? std::vector<int64_t>{numel} : std::move(shape);
   rec.param = lo;
   rec.paramBytes = bytes;
+  rec.piece = piece;
   o.params.push_back(std::move(rec));
   o.byName.emplace(name, index);
   for (const std::string &n : names)
@@ -187,7 +214,9 @@ void checkGrad(OptObj &o, int64_t index, const void *grad, flashopt_dtype dt,
     fail(FLASHOPT_ERROR_SIZE, who + ": grad has " + std::to_string(numel) +
                                   " elements, the parameter " +
                                   std::to_string(p.numel));
-  if (uintptr_t(grad) % 16 != 0)
+  if (p.piece)
+    checkPieceAddress(o, who, "grad", grad);
+  else if (uintptr_t(grad) % 16 != 0)
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
          who + ": the grad address is not 16-byte aligned");
 }

@@ -140,8 +140,11 @@ Status DataParallel::shard(Optimizer &opt,
     if (!k)
       return k.status();
     ownerIndex_[i] = *k;
-    // The piece steps as these elements of the whole tensor do.
-    if (Status s = owner_->set_element_offset(*k, r.begin); !s)
+    // The piece steps as these elements of the whole tensor do (itself a
+    // piece of a larger one when registered by flashopt_add_param_piece).
+    if (Status s = owner_->set_element_offset(
+            *k, opt.tensor(int64_t(i)).element_offset + r.begin);
+        !s)
       return s;
     // This rank's slice of the correction terms and states (rank 0's, as
     // broadcast by attach).

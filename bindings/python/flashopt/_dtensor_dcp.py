@@ -1,0 +1,109 @@
+"""DCP (torch.distributed.checkpoint) state dicts of a ShardedParams
+(_dtensor.py): per parameter, the exact states (_dtensor_state.py) as
+DTensors placed like the parameter; loading any world size's, or DCP's full
+state. Functions of the ShardedParams `sp`; its state_dict and
+load_state_dict methods call them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+import torch.distributed as dist
+
+from . import _lib as L
+from . import _state
+from ._dtensor_layout import _Packing, _types
+from ._dtensor_state import (SPEC_KEY, STEP_KEY, elem_buffers, entry_states, fill_pieces,
+                             own_states, scale_table, state_buffers)
+
+
+@torch.no_grad()
+def state_dict(sp, param_groups) -> Dict[str, Any]:
+    """torch's layout: per parameter index "step", SPEC_KEY and the exact
+    states as DTensors with the parameter's global shape (per-element
+    buffers) or the scale table's (per-group buffers). No communication."""
+    DTensor, _, _ = _types()
+    groups, _ = _state._torch_groups(param_groups)
+    ckpt = {}
+    for b in sp.bundles():
+        if b.params:
+            ckpt[id(b)] = _state.read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))[0]
+    state: Dict[int, Dict[str, Any]] = {}
+    for lay in sp.layouts:
+        b = lay.bundle
+        own = own_states(lay, ckpt.get(id(b), {}), state_buffers(b))
+        local = lay.p.to_local()
+        dev = local.device
+        entry: Dict[str, Any] = {STEP_KEY: torch.tensor(float(lay.step)), SPEC_KEY: b.spec}
+        for name, per, dt in state_buffers(b):
+            v = own[name]
+            if per == "element":
+                entry[name] = DTensor.from_local(
+                    v.reshape(local.shape).to(dev), sp.mesh, lay.p.placements,
+                    run_check=False, shape=lay.p.shape, stride=lay.p.stride())
+            else:
+                t = scale_table(lay, v)
+                K = t.shape[1]
+                entry[name] = DTensor.from_local(
+                    t.to(dev), sp.mesh, lay.p.placements, run_check=False,
+                    shape=torch.Size((lay.R, K)), stride=(K, 1))
+        state[lay.gid] = entry
+    return {"state": state, "param_groups": groups}
+
+
+
+@torch.no_grad()
+def load_state_dict(sp, sd: Dict[str, Any]) -> None:
+    """Loads a state_dict() of any world size (DCP resharded it to this
+    rank's placement), or DCP's full state (plain tensors). Collective.
+    Everything is checked on every rank before any bundle changes."""
+    keys = [k for g in sd["param_groups"] for k in g["params"]]
+    st = sd["state"]
+    err, owns = "", []
+    try:
+        for lay in sp.layouts:
+            key = keys[lay.gid]
+            entry = st.get(key, st.get(str(key)))
+            if entry is None:
+                raise ValueError(f"flashopt: the state dict has no state for parameter "
+                                 f"{key!r} (p{lay.gid})")
+            owns.append(entry_states(lay, entry, lay.bundle))
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+    got = [None] * sp.W
+    dist.all_gather_object(got, err, group=sp.group)
+    for q, e in enumerate(got):
+        if e:
+            raise ValueError(f"flashopt: loading the optimizer state failed on rank {q}: "
+                             f"{e}; nothing was loaded on any rank")
+    # The split groups' other elements come from their ranks.
+    nf = max((len(elem_buffers(lay.bundle)) for lay in sp.layouts), default=0)
+    packing = _Packing(sp.layouts, nf, 0)
+    fields = []
+    for lay, (own, _) in zip(sp.layouts, owns):
+        names = elem_buffers(lay.bundle)
+        fields.append([own[n] for n in names] + [None] * (nf - len(names)))
+    recv = sp._exchange(b"", sp.layouts, fields, packing).cpu() if nf else None
+    datas = []
+    for b in sp.bundles():
+        if not b.params:
+            continue
+        tensors, meta = _state.read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
+        steps = {}
+        for li, lay in enumerate(sp.layouts):
+            if lay.bundle is not b:
+                continue
+            own, step = owns[li]
+            fill_pieces(lay, own, tensors, b,
+                        lambda fi, pc, dest, lay=lay, li=li, own=own: sp._fill(
+                            lay, li, fi, own[elem_buffers(b)[fi]], recv, packing, pc, dest))
+            for pc in lay.pieces:
+                steps[pc.name] = step
+        datas.append((b, _state.write(tensors, _state.without_checksums(
+            _state.with_steps(meta, steps)))))
+    for b, data in datas:
+        b.load_checkpoint_bytes(data)
+    for lay, (_, step) in zip(sp.layouts, owns):
+        lay.step = step
