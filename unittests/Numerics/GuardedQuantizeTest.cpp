@@ -27,6 +27,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -422,10 +423,22 @@ namespace {
 
 /// The bounded numerics (docs/NUMERICS.md §8): codes floor(RN(y + u)) with
 /// a dither u = k 2^-14 in [0, 1 - 2^-14]; the guarded form is
-/// z' = RN(y' + d), d = u - 1/2 (exact), folded into the last multiply as
-/// an FMA (softsign) or added (sqrt), code' = rint(z') where
-/// |z' - rint(z')| <= limit.
-Fast guardedD(float z, float limit) { return guarded(z, limit); }
+/// z = RN(y' + (1 + u)) (1 + u exact), folded into the last multiply as an
+/// FMA (softsign) or added (sqrt); the code is the low byte of
+/// RD(z + 1.5 * 2^23 - 1) (an add rounded toward -inf, as add.rm.f32 does),
+/// kept where -|z - rint(z)| <= -delta.
+Fast guardedD(float z, float delta, bool isSigned) {
+  const int saved = std::fegetround();
+  std::fesetround(FE_DOWNWARD);
+  volatile float vz = z, vm = 0x1.8p23f - 1.0f;
+  volatile float sum = vz + vm;
+  std::fesetround(saved);
+  uint32_t byte = bitsOf(float(sum)) & 0xFFu;
+  float code = isSigned ? float(int8_t(uint8_t(byte))) : float(byte);
+  float r = std::nearbyint(z);
+  float slack = -std::fabs(z - r);
+  return {code, slack <= -delta};
+}
 
 float softsignExactU(float x, float a, float u) {
   float n = x / a;
@@ -433,34 +446,34 @@ float softsignExactU(float x, float a, float u) {
   return codeOf(t * 127.0f + u);
 }
 Fast softsignFastU(float x, float a, float u, int picks,
-                   float limit = 0.5f - 0x1p-13f) {
+                   float delta = 0x1p-13f) {
   float r = a < 0x1p126f ? rcpApprox(a, picks & 1) : NAN;
   float n = x * r;
   float den = 1.0f + std::fabs(n);
-  float z = std::fma(n * 254.0f, rcpApprox(den, (picks >> 1) & 1), u - 0.5f);
-  return guardedD(z, limit);
+  float z = std::fma(n * 254.0f, rcpApprox(den, (picks >> 1) & 1), 1.0f + u);
+  return guardedD(z, delta, true);
 }
 float softsignFastModeExactU(float x, float a, float u) {
   float t = x / std::fma(std::fabs(x), 0.5f, a * 0.5f);
   return codeOf(std::fma(t, 127.0f, u));
 }
 Fast softsignFastModeGuardedU(float x, float a, float u, int pick,
-                              float limit = 0.5f - 0x1p-13f) {
+                              float delta = 0x1p-13f) {
   float den = std::fma(std::fabs(x), 0.5f, a * 0.5f);
   float n = a < 0x1p126f ? 127.0f : NAN;
-  float z = std::fma(x * n, rcpApprox(den, pick), u - 0.5f);
-  return guardedD(z, limit);
+  float z = std::fma(x * n, rcpApprox(den, pick), 1.0f + u);
+  return guardedD(z, delta, true);
 }
 float sqrtExactU(float v, float a, float u) {
   float y = std::sqrt(v);
   return codeOf((y / a) * 255.0f + u);
 }
 Fast sqrtFastU(float v, float a, float u, int picks,
-               float limit = 0.5f - 0x1p-12f) {
+               float delta = 0x1p-12f) {
   float k = 255.0f * rcpApprox(a, picks & 1);
   float s = a < 0x1p60f ? k * k : NAN;
-  float z = sqrtApprox(v * s, (picks >> 1) & 1) + (u - 0.5f);
-  return guardedD(z, limit);
+  float z = sqrtApprox(v * s, (picks >> 1) & 1) + (1.0f + u);
+  return guardedD(z, delta, false);
 }
 
 /// One dithered input, every rounding choice; the tally counts wrong codes
@@ -487,7 +500,7 @@ void checkDithered(Tally &soft, Tally &fastSoft, Tally &sq, double shrink,
   std::mt19937_64 rng(21);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
   auto dither = [&] { return float(rng() % 16384) / 16384.0f; };
-  float ls = float(0.5 - 0x1p-13 / shrink), lq = float(0.5 - 0x1p-12 / shrink);
+  float ls = float(0x1p-13 / shrink), lq = float(0x1p-12 / shrink);
   for (int i = 0; i < rounds; ++i) {
     float u = dither();
     float a = std::ldexp(1.0f + std::fabs(unit(rng)), int(rng() % 160) - 80);

@@ -55,6 +55,12 @@ struct GroupBodyEnv {
   /// kRecordElementOffset), or null for 0: flashopt.dither's index is
   /// this plus `elementIndex` plus the lane.
   Value elementOffset;
+  /// Or, instead of elementOffset, the record-uniform part of the dither's
+  /// hash: element offset * A + step * B in 32-bit arithmetic (i32, A and
+  /// B DitherOp's multipliers), computed once per record for the dithers
+  /// whose step operand is `ditherStep`.
+  Value ditherBase;
+  Value ditherStep;
   /// Tensor-local group index (index type).
   Value groupIndex;
   /// Number of elements of the tensor (index type).

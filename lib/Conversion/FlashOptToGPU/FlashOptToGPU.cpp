@@ -201,6 +201,20 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
   // scalars), when they are carried: computed once per table record and
   // lane, not once per group.
   bool carry = carryPrologue(kernel);
+  // With carried prologue values, the record-uniform part of the dither's
+  // hash (docs/NUMERICS.md §8), element offset * A + step * B, is carried
+  // too: computed once per record, it leaves one multiply-add per worker
+  // in place of the offset's load and three integer operations.
+  Value ditherStep;
+  bool carryDither = false;
+  if (carry && usesElementOffset(kernel)) {
+    carryDither = true;
+    getGroupBody(kernel).walk([&](DitherOp d) {
+      if (ditherStep && ditherStep != d.getStep())
+        carryDither = false;
+      ditherStep = d.getStep();
+    });
+  }
   SmallVector<Value> prologueValues;
   if (carry) {
     GroupBodyOp body = getGroupBody(kernel);
@@ -208,7 +222,8 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
     body.walk([&](Operation *op) {
       for (Value v : op->getOperands())
         if (!body->isAncestor(v.getParentRegion()->getParentOp()) &&
-            !matchPattern(v, m_Constant()))
+            !matchPattern(v, m_Constant()) &&
+            !(carryDither && isa<DitherOp>(op)))
           used.insert(v);
     });
     prologueValues.assign(used.begin(), used.end());
@@ -239,6 +254,9 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
     for (Value v : prologueValues)
       init.push_back(arith::ConstantOp::create(fb, loc, v.getType(),
                                                fb.getZeroAttr(v.getType())));
+    if (carryDither)
+      init.push_back(arith::ConstantOp::create(fb, loc, fb.getI32Type(),
+                                               fb.getI32IntegerAttr(0)));
   }
   auto loop = scf::ForOp::create(fb, loc, start, endIdx, stride, init);
   OpBuilder lb = OpBuilder::atBlockBegin(loop.getBody());
@@ -310,7 +328,7 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
     Value numel = word(::flashopt::abi::kRecordNumel);
     Value first = word(::flashopt::abi::kRecordFirstGroup);
     IRMapping mapping;
-    if (!prologueValues.empty())
+    if (!prologueValues.empty() || carryDither)
       emitPrologue(tb, kernel, hyperBaseOf(tb, rec), step, mapping);
     Value groups = arith::DivUIOp::create(
         tb, loc, arith::AddIOp::create(tb, loc, numel, cI64(tb, groupSize - 1)),
@@ -322,6 +340,23 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
         arith::IndexCastOp::create(tb, loc, idx, numel)};
     for (Value v : prologueValues)
       results.push_back(mapping.lookupOrDefault(v));
+    if (carryDither) {
+      Type i32 = tb.getI32Type();
+      auto c32 = [&](uint32_t v) {
+        return arith::ConstantOp::create(tb, loc,
+                                         tb.getI32IntegerAttr(int32_t(v)));
+      };
+      Value offset = arith::TruncIOp::create(
+          tb, loc, i32, word(::flashopt::abi::kRecordElementOffset));
+      Value stepI32 = arith::TruncIOp::create(
+          tb, loc, i32, mapping.lookupOrDefault(ditherStep));
+      results.push_back(arith::AddIOp::create(
+          tb, loc,
+          arith::MulIOp::create(tb, loc, offset,
+                                c32(DitherOp::kElementMultiplier)),
+          arith::MulIOp::create(tb, loc, stepI32,
+                                c32(DitherOp::kStepMultiplier))));
+    }
     scf::YieldOp::create(tb, loc, results);
   }
   Value first = lookup.getResult(0);
@@ -353,7 +388,10 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
     return loadI64(ob, l, table, w);
   };
   env.numElements = numel;
-  if (usesElementOffset(kernel))
+  if (carryDither) {
+    env.ditherBase = lookup.getResults().back();
+    env.ditherStep = ditherStep;
+  } else if (usesElementOffset(kernel))
     env.elementOffset = loadI64(
         lb, loc, table,
         arith::AddIOp::create(

@@ -205,14 +205,24 @@ void GroupBodyEmitter::emitDither(DitherOp op) {
         .getResult();
   };
   Value first = arith::IndexCastUIOp::create(b, loc, i32, env.elementIndex);
-  if (env.elementOffset)
-    first = arith::AddIOp::create(
-        b, loc, first, arith::TruncIOp::create(b, loc, i32, env.elementOffset));
-  Value step = arith::TruncIOp::create(b, loc, i32, scalarOf(op.getStep()));
-  Value h0 = arith::AddIOp::create(
-      b, loc,
-      arith::MulIOp::create(b, loc, first, c32(DitherOp::kElementMultiplier)),
-      arith::MulIOp::create(b, loc, step, c32(DitherOp::kStepMultiplier)));
+  Value h0;
+  if (env.ditherBase) {
+    assert(env.ditherStep == op.getStep() && "a dither of another step");
+    h0 = arith::AddIOp::create(
+        b, loc,
+        arith::MulIOp::create(b, loc, first, c32(DitherOp::kElementMultiplier)),
+        env.ditherBase);
+  } else {
+    if (env.elementOffset)
+      first = arith::AddIOp::create(
+          b, loc, first,
+          arith::TruncIOp::create(b, loc, i32, env.elementOffset));
+    Value step = arith::TruncIOp::create(b, loc, i32, scalarOf(op.getStep()));
+    h0 = arith::AddIOp::create(
+        b, loc,
+        arith::MulIOp::create(b, loc, first, c32(DitherOp::kElementMultiplier)),
+        arith::MulIOp::create(b, loc, step, c32(DitherOp::kStepMultiplier)));
+  }
   SmallVector<int32_t> laneTerms;
   for (int64_t lane = 0; lane < env.width; ++lane)
     laneTerms.push_back(int32_t(uint32_t(lane) * DitherOp::kElementMultiplier));
@@ -229,8 +239,12 @@ void GroupBodyEmitter::emitDither(DitherOp op) {
       arith::ShRUIOp::create(b, loc, h, splat(b.getI32IntegerAttr(9), i32)),
       splat(b.getI32IntegerAttr(0x3F800000), i32));
   Value w = arith::BitcastOp::create(b, loc, vecOf(b.getF32Type()), bits);
-  vectors[op.getResult()] = arith::SubFOp::create(
-      b, loc, w, splat(op.getOffsetAttr(), b.getF32Type()));
+  vectors[op.getResult()] =
+      op.getOffset().isZero()
+          ? w
+          : arith::SubFOp::create(b, loc, w,
+                                  splat(op.getOffsetAttr(), b.getF32Type()))
+                .getResult();
 }
 
 void GroupBodyEmitter::emitVarying(Operation &op) {

@@ -14,6 +14,8 @@
 #include "llvm/ADT/Hashing.h"
 #include "llvm/Support/Format.h"
 
+#include <cmath>
+
 using namespace mlir;
 using namespace mlir::flashopt;
 
@@ -262,6 +264,104 @@ struct ApproxLowering : ConvertOpToLLVMPattern<ApproxOp> {
   unsigned addressSpace;
 };
 
+/// `flashopt.add_round_down`: on NVPTX one `add.rm.f32` per lane (FADD.RM);
+/// on the host the round-to-nearest sum s and its exact error e (TwoSum),
+/// then the float below s where e < 0, -0 for an exact zero sum of anything
+/// but two +0, and the largest finite value for a finite overflow to +inf.
+struct AddRoundDownLowering : ConvertOpToLLVMPattern<AddRoundDownOp> {
+  AddRoundDownLowering(const LLVMTypeConverter &c, unsigned as)
+      : ConvertOpToLLVMPattern<AddRoundDownOp>(c), addressSpace(as) {}
+
+  LogicalResult
+  matchAndRewrite(AddRoundDownOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rw) const override {
+    Location loc = op.getLoc();
+    Value x = adaptor.getX(), y = adaptor.getY();
+    Type type = x.getType();
+    auto vt = dyn_cast<VectorType>(type);
+    Type i32 = rw.getI32Type();
+    if (addressSpace == 1) {
+      auto one = [&](Value a, Value b) -> Value {
+        return LLVM::CallIntrinsicOp::create(
+                   rw, loc, rw.getF32Type(),
+                   rw.getStringAttr("llvm.nvvm.add.rm.f"), ValueRange{a, b})
+            .getResult(0);
+      };
+      if (!vt) {
+        rw.replaceOp(op, one(x, y));
+        return success();
+      }
+      Value out = LLVM::PoisonOp::create(rw, loc, type);
+      for (int64_t i = 0; i < vt.getNumElements(); ++i) {
+        Value pos = LLVM::ConstantOp::create(rw, loc, i32,
+                                             rw.getI32IntegerAttr(int32_t(i)));
+        Value a = LLVM::ExtractElementOp::create(rw, loc, x, pos);
+        Value b = LLVM::ExtractElementOp::create(rw, loc, y, pos);
+        out = LLVM::InsertElementOp::create(rw, loc, out, one(a, b), pos);
+      }
+      rw.replaceOp(op, out);
+      return success();
+    }
+    Type itype = vt ? Type(VectorType::get(vt.getShape(), i32)) : i32;
+    auto cst = [&](Type t, Attribute scalar) -> Value {
+      Attribute a = scalar;
+      if (auto v = dyn_cast<VectorType>(t))
+        a = DenseElementsAttr::get(v, scalar);
+      return LLVM::ConstantOp::create(rw, loc, t, cast<TypedAttr>(a));
+    };
+    auto ci = [&](uint32_t v) {
+      return cst(itype, rw.getI32IntegerAttr(int32_t(v)));
+    };
+    auto cf = [&](float v) { return cst(type, rw.getF32FloatAttr(v)); };
+    auto fcmp = [&](LLVM::FCmpPredicate p, Value a, Value b) {
+      return LLVM::FCmpOp::create(rw, loc, p, a, b).getResult();
+    };
+    auto select = [&](Value c, Value a, Value b) {
+      return LLVM::SelectOp::create(rw, loc, c, a, b).getResult();
+    };
+    auto bits = [&](Value v) {
+      return LLVM::BitcastOp::create(rw, loc, itype, v).getResult();
+    };
+    auto fromBits = [&](Value v) {
+      return LLVM::BitcastOp::create(rw, loc, type, v).getResult();
+    };
+    Value s = LLVM::FAddOp::create(rw, loc, x, y);
+    Value bb = LLVM::FSubOp::create(rw, loc, s, x);
+    Value e = LLVM::FAddOp::create(
+        rw, loc,
+        LLVM::FSubOp::create(rw, loc, x, LLVM::FSubOp::create(rw, loc, s, bb)),
+        LLVM::FSubOp::create(rw, loc, y, bb));
+    // The float below s: one step of its bit pattern toward -inf.
+    Value sb = bits(s);
+    Value below = select(
+        fcmp(LLVM::FCmpPredicate::ogt, s, cf(0.0f)),
+        LLVM::SubOp::create(rw, loc, sb, ci(1)),
+        select(fcmp(LLVM::FCmpPredicate::olt, s, cf(0.0f)),
+               LLVM::AddOp::create(rw, loc, sb, ci(1)), ci(0x80000001u)));
+    Value r = select(fcmp(LLVM::FCmpPredicate::olt, e, cf(0.0f)), below, sb);
+    Value bothPlusZero = LLVM::ICmpOp::create(
+        rw, loc, LLVM::ICmpPredicate::eq,
+        LLVM::OrOp::create(rw, loc, bits(x), bits(y)), ci(0));
+    Value exactZero =
+        LLVM::AndOp::create(rw, loc, fcmp(LLVM::FCmpPredicate::oeq, s, cf(0.0f)),
+                            fcmp(LLVM::FCmpPredicate::oeq, e, cf(0.0f)));
+    r = select(exactZero, select(bothPlusZero, ci(0), ci(0x80000000u)), r);
+    Value finite = LLVM::AndOp::create(
+        rw, loc,
+        fcmp(LLVM::FCmpPredicate::olt, LLVM::FAbsOp::create(rw, loc, x),
+             cf(INFINITY)),
+        fcmp(LLVM::FCmpPredicate::olt, LLVM::FAbsOp::create(rw, loc, y),
+             cf(INFINITY)));
+    Value overflow = LLVM::AndOp::create(
+        rw, loc, finite, fcmp(LLVM::FCmpPredicate::oeq, s, cf(INFINITY)));
+    r = select(overflow, ci(0x7F7FFFFFu), r);
+    rw.replaceOp(op, fromBits(r));
+    return success();
+  }
+
+  unsigned addressSpace;
+};
+
 } // namespace
 
 void mlir::flashopt::populateRawMemoryToLLVMPatterns(
@@ -271,5 +371,6 @@ void mlir::flashopt::populateRawMemoryToLLVMPatterns(
                                                   bf16AsInt);
   patterns.add<TableLookupLowering>(converter, addressSpace);
   patterns.add<ApproxLowering<RcpApproxOp, true>,
-               ApproxLowering<SqrtApproxOp, false>>(converter, addressSpace);
+               ApproxLowering<SqrtApproxOp, false>, AddRoundDownLowering>(
+      converter, addressSpace);
 }

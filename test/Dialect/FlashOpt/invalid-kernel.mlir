@@ -164,7 +164,7 @@ flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"p", f32, element, r
 flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>]) hypers([]) {
   %t = flashopt.step_count : i64
   flashopt.group_body {
-    // expected-error @+1 {{offset must be 1.0 (a dither in [0, 1)) or 1.5 (one in [-0.5, 0.5)), got 5.000000e-01}}
+    // expected-error @+1 {{offset must be 1.0 (a dither in [0, 1)), 1.5 (one in [-0.5, 0.5)) or 0.0 (one in [1, 2)), got 5.000000e-01}}
     %u = flashopt.dither %t {offset = 0.5 : f32} : f32
     flashopt.store_element 0, %u : f32
   }

@@ -159,9 +159,9 @@ LogicalResult RawStoreOp::verify() {
 
 LogicalResult DitherOp::verify() {
   float offset = getOffset().convertToFloat();
-  if (offset != 1.0f && offset != 1.5f)
-    return emitOpError() << "offset must be 1.0 (a dither in [0, 1)) or 1.5 "
-                            "(one in [-0.5, 0.5)), got "
+  if (offset != 1.0f && offset != 1.5f && offset != 0.0f)
+    return emitOpError() << "offset must be 1.0 (a dither in [0, 1)), 1.5 "
+                            "(one in [-0.5, 0.5)) or 0.0 (one in [1, 2)), got "
                          << offset;
   return success();
 }

@@ -27,8 +27,16 @@
 ///   t = y / fma(|y|, 0.5, a * 0.5)):
 ///     y' = (y * (a < 2^126 ? N : NaN)) * rcp_approx(fma(|y|, 0.5, a * 0.5))
 ///
-/// The codes of one group body share one flashopt.guarded: one test of a
-/// worker's lanes and one branch per iteration.
+/// Dithered codes (the bounded numerics, floor(RN(t * N) + u), docs/
+/// NUMERICS.md §8) add 1 + u (a flashopt.dither at offset 0: its bits, no
+/// float add) where the chains above add nothing, so z = y' + 1 + u, and
+/// take the code floor(z) - 1 as the low byte of
+/// add_round_down(z, 1.5 * 2^23 - 1); the guard is -|z - rint(z)| <= -delta
+/// (z at least delta from the integers where the code changes).
+///
+/// The codes of one group body share one flashopt.guarded (one per form,
+/// rounded to nearest or dithered): one test of a worker's lanes and one
+/// branch per iteration.
 ///
 /// Only the i8 codes of flashopt-expand-encodings' quantizer are matched
 /// (checked operation by operation); anything else is left alone.
@@ -222,26 +230,28 @@ struct Builder {
   }
 };
 
-GuardedOp rewrite(Site &s, Value &halfDither) {
+GuardedOp rewrite(Site &s, Value &onePlusU) {
   Operation *conv = s.conv;
   Location loc = conv->getLoc();
   OpBuilder b(conv);
   Builder B{b, loc};
   Value a = s.a;
   // With a dither u (the bounded numerics), the code is floor(RN(y + u)):
-  // the approximation is y' + d, d = u - 1/2 (exact, docs/NUMERICS.md §8),
-  // folded into the last multiply as an FMA where there is one.
+  // the approximation is z = y' + (1 + u) (a dither at offset 0, exact:
+  // the bits of 1 + u need no float add), folded into the last multiply as
+  // an FMA where there is one; the code is floor(z) - 1 (docs/NUMERICS.md
+  // §8).
   Value d;
   if (s.dither) {
-    if (!halfDither) {
+    if (!onePlusU) {
       // Right before the first code that uses it (the lowering computes a
       // dither in the phase of its first use).
       auto u = s.dither.getDefiningOp<DitherOp>();
-      halfDither = DitherOp::create(b, u.getLoc(), b.getF32Type(),
-                                    u.getStep(), b.getF32FloatAttr(1.5f))
-                       .getResult();
+      onePlusU = DitherOp::create(b, u.getLoc(), b.getF32Type(), u.getStep(),
+                                  b.getF32FloatAttr(0.0f))
+                     .getResult();
     }
-    d = halfDither;
+    d = onePlusU;
   }
   auto mulPlusD = [&](Value x, Value y) -> Value {
     return d ? math::FmaOp::create(b, loc, x, y, d).getResult() : B.mul(x, y);
@@ -276,31 +286,51 @@ GuardedOp rewrite(Site &s, Value &halfDither) {
       scaledApprox = B.add(scaledApprox, d);
     delta = 0x1p-12;
   }
-  // The nearest integer: floor(y' + 0.5) but at the half-integers, which
-  // the guard excludes (one rounding instead of an add and a floor).
-  Value f = math::RoundEvenOp::create(b, loc, scaledApprox);
-  Value isNan = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, f, f);
-  Value q = arith::SelectOp::create(b, loc, isNan, B.c(0.0), f);
-  Operation *codeOp = b.clone(*conv);
-  codeOp->setOperand(0, q);
-  // |y' - rint(y')| <= 0.5 - delta: y' is at least delta from the
-  // half-integers where the code changes (NaN fails the compare).
-  Value slack = math::AbsFOp::create(b, loc, B.sub(scaledApprox, f));
   Type i8 = conv->getResult(0).getType();
+  Value f = math::RoundEvenOp::create(b, loc, scaledApprox);
+  Value code, slack;
+  float limit;
+  if (d) {
+    // z = y' + 1 + u: the code floor(z) - 1 changes where z crosses an
+    // integer, so the guard is -|z - rint(z)| <= -delta (NaN fails it). The
+    // code is the low byte of RD(z + 1.5 * 2^23 - 1) = 1.5 * 2^23 - 1 +
+    // floor(z) (|z| < 2^22; the sum's ulp is 1 and its bits end in
+    // 0x3FFFFF + floor(z)): one add rounded down instead of a floor, the
+    // -1 and a conversion.
+    Value sum = AddRoundDownOp::create(b, loc, scaledApprox,
+                                       B.c(0x1.8p23 - 1.0));
+    Value bits = arith::BitcastOp::create(b, loc, b.getI32Type(), sum);
+    code = arith::TruncIOp::create(b, loc, i8, bits);
+    slack = arith::NegFOp::create(
+        b, loc, math::AbsFOp::create(b, loc, B.sub(scaledApprox, f)));
+    limit = float(-delta);
+  } else {
+    // The nearest integer: floor(y' + 0.5) but at the half-integers, which
+    // the guard excludes (one rounding instead of an add and a floor).
+    Value isNan =
+        arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, f, f);
+    Value q = arith::SelectOp::create(b, loc, isNan, B.c(0.0), f);
+    Operation *codeOp = b.clone(*conv);
+    codeOp->setOperand(0, q);
+    code = codeOp->getResult(0);
+    // |y' - rint(y')| <= 0.5 - delta: y' is at least delta from the
+    // half-integers where the code changes (NaN fails the compare).
+    slack = math::AbsFOp::create(b, loc, B.sub(scaledApprox, f));
+    limit = float(0.5 - delta);
+  }
   auto guarded = GuardedOp::create(b, loc, TypeRange{i8}, slack,
-                                   b.getF32FloatAttr(float(0.5 - delta)),
-                                   ValueRange{codeOp->getResult(0)});
+                                   b.getF32FloatAttr(limit), ValueRange{code});
   Block *body = new Block();
   guarded.getFallback().push_back(body);
   OpBuilder rb = OpBuilder::atBlockEnd(body);
   IRMapping m;
-  // The exact chain's u as d + 1/2 (exact), so that only the fallback
+  // The exact chain's u as (1 + u) - 1 (exact), so that only the fallback
   // computes it.
   if (d)
-    m.map(s.dither, arith::AddFOp::create(
+    m.map(s.dither, arith::SubFOp::create(
                         rb, loc, d,
                         arith::ConstantOp::create(rb, loc,
-                                                  rb.getF32FloatAttr(0.5f))));
+                                                  rb.getF32FloatAttr(1.0f))));
   for (Operation *op : s.chain)
     rb.clone(*op, m);
   YieldOp::create(rb, loc, ValueRange{m.lookup(conv->getResult(0))});
@@ -380,11 +410,16 @@ struct FlashOptGuardedQuantizePass
         if (isa<arith::FPToSIOp, arith::FPToUIOp>(op))
           if (auto s = match(&op))
             sites.push_back(*s);
-      SmallVector<GuardedOp> guarded;
-      Value halfDither; // u - 1/2, shared by the body's codes
-      for (Site &s : sites)
-        guarded.push_back(rewrite(s, halfDither));
-      merge(guarded);
+      // Guards of the two forms (rounded to nearest: slack <= 1/2 - delta;
+      // dithered: -|z - rint(z)| <= -delta) merge separately.
+      SmallVector<GuardedOp> nearest, dithered;
+      Value onePlusU; // 1 + u, shared by the body's dithered codes
+      for (Site &s : sites) {
+        GuardedOp g = rewrite(s, onePlusU);
+        (s.dither ? dithered : nearest).push_back(g);
+      }
+      merge(nearest);
+      merge(dithered);
       // The exact chains now live in the fallbacks.
       IRRewriter rewriter(body.getContext());
       (void)runRegionDCE(rewriter, body.getBody());

@@ -1,30 +1,42 @@
 // RUN: flashopt-opt %s --flashopt-expand-encodings --flashopt-guarded-quantize | FileCheck %s
 
 // In the bounded numerics (docs/NUMERICS.md §8) the exact codes are
-// floor(t * N + u) with the dither u. The guarded chains round to nearest
-// around it: one dither at offset 1.5 (u - 1/2) per element, added where the
-// FlashOptim chain adds nothing (the code is the nearest integer of
-// t * N + u - 1/2): inside the softsign FMA, after the sqrt's root. The
-// fallback restores u (+ 1/2) and keeps the exact floor. The guard's limit
-// is the same as with rounding to nearest.
+// floor(t * N + u) with the dither u. The guarded chains add one dither at
+// offset 0 (1 + u, no float add) per element where the FlashOptim chain adds
+// nothing: inside the softsign FMA, after the sqrt's root, so z = y' + 1 + u
+// and the code is floor(z) - 1: the low byte of RD(z + 1.5 * 2^23 - 1)
+// (0x4B3FFFFF). The guard keeps z at least delta from an integer:
+// -|z - rint(z)| <= -delta. The fallback restores u ((1 + u) - 1) and keeps
+// the exact floor.
 // CHECK-LABEL: flashopt.kernel @bounded
-// CHECK: %[[D:.*]] = flashopt.dither %step {offset = 1.500000e+00 : f32} : f32
+// CHECK: %[[D:.*]] = flashopt.dither %step {offset = 0.000000e+00 : f32} : f32
 // CHECK-NOT: flashopt.dither
-// Softsign: y = fma(254 n', 1 / (1 + |n'|), u - 1/2).
+// Softsign: z = fma(254 n', 1 / (1 + |n'|), 1 + u).
 // CHECK: flashopt.rcp_approx %{{.*}} : f32
 // CHECK: %[[RD:.*]] = flashopt.rcp_approx %{{.*}} : f32
 // CHECK: %[[N2:.*]] = arith.mulf %{{.*}}, %{{.*}} : f32
 // CHECK: %[[Y:.*]] = math.fma %[[N2]], %[[RD]], %[[D]] : f32
 // CHECK: %[[F:.*]] = math.roundeven %[[Y]] : f32
-// Sqrt: y = sqrt(v S) + (u - 1/2).
+// CHECK: %[[M:.*]] = arith.constant 0x4B3FFFFF : f32
+// CHECK: %[[S:.*]] = flashopt.add_round_down %[[Y]], %[[M]] : f32
+// CHECK: %[[SB:.*]] = arith.bitcast %[[S]] : f32 to i32
+// CHECK: %[[CM:.*]] = arith.trunci %[[SB]] : i32 to i8
+// CHECK: %[[E:.*]] = arith.subf %[[Y]], %[[F]] : f32
+// CHECK: %[[AE:.*]] = math.absf %[[E]] : f32
+// CHECK: %[[SLM:.*]] = arith.negf %[[AE]] : f32
+// Sqrt: z = sqrt(v S) + 1 + u.
 // CHECK: %[[ROOT:.*]] = flashopt.sqrt_approx %{{.*}} : f32
 // CHECK: %[[YV:.*]] = arith.addf %[[ROOT]], %[[D]] : f32
 // CHECK: math.roundeven %[[YV]] : f32
-// CHECK: flashopt.guarded %{{.*}} {limit = 0.499755859 : f32} : i8, i8 -> i8, i8 {
-// CHECK: %[[U1:.*]] = arith.addf %[[D]], %{{.*}} : f32
+// CHECK: flashopt.add_round_down %[[YV]], %{{.*}} : f32
+// CHECK: %[[CV:.*]] = arith.trunci %{{.*}} : i32 to i8
+// CHECK: %[[SLV:.*]] = arith.negf %{{.*}} : f32
+// CHECK: %[[SL:.*]] = arith.maximumf %[[SLM]], %[[SLV]] : f32
+// CHECK: flashopt.guarded %[[SL]], %[[CM]], %[[CV]] {limit = -2.44140625E-4 : f32} : i8, i8 -> i8, i8 {
+// CHECK: %[[U1:.*]] = arith.subf %[[D]], %{{.*}} : f32
 // CHECK: %[[T1:.*]] = arith.addf %{{.*}}, %[[U1]] : f32
 // CHECK: math.floor %[[T1]] : f32
-// CHECK: %[[U2:.*]] = arith.addf %[[D]], %{{.*}} : f32
+// CHECK: %[[U2:.*]] = arith.subf %[[D]], %{{.*}} : f32
 // CHECK: %[[T2:.*]] = arith.addf %{{.*}}, %[[U2]] : f32
 // CHECK: math.floor %[[T2]] : f32
 // CHECK: flashopt.yield

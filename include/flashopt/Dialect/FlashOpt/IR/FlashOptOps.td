@@ -369,7 +369,8 @@ def FlashOpt_DitherOp : FlashOpt_Op<"dither", [
     the `step` operand (the step count), both taken modulo 2^32 first. u is
     a multiple of 2^-14 in [0, 1 - 2^-14]; `offset` 1.0 gives u and 1.5
     gives u - 1/2, both exactly. (Computed as the f32 whose bits are
-    `((h << 18) >> 9) | 0x3F800000`, which is 1 + u, minus `offset`.) For a
+    `((h << 18) >> 9) | 0x3F800000`, which is 1 + u, minus `offset`;
+    `offset` 0.0 gives 1 + u itself.) For a
     fixed element the sequence over steps is a rotation by 10125 / 2^14
     (about 1/phi, the most evenly spread over any window of steps);
     neighbouring elements differ by about 1/rho (the plastic number's).
@@ -458,6 +459,28 @@ def FlashOpt_SqrtApproxOp : FlashOpt_Op<"sqrt_approx", [
   let arguments = (ins AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$x);
   let results = (outs AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$result);
   let assemblyFormat = "$x attr-dict `:` type($x)";
+}
+
+def FlashOpt_AddRoundDownOp : FlashOpt_Op<"add_round_down", [
+    Pure, ElementwiseMappable, SameOperandsAndResultType]> {
+  let summary = "IEEE binary32 addition rounded toward negative infinity";
+  let description = [{
+    `x + y` rounded once toward -inf (IEEE 754 roundTowardNegative: an exact
+    zero sum is -0 unless both operands are +0; a finite overflow gives the
+    largest finite value; NaN in, NaN out). The GPU gives it one
+    `add.rm.f32` (FADD.RM); other targets emulate it from the
+    round-to-nearest sum and its exact error. `flashopt-guarded-quantize`
+    adds 1.5 * 2^23 - 1 to a dithered code's approximation z, so that the
+    sum's low byte is floor(z) - 1, the code (docs/NUMERICS.md §8).
+
+    ```mlir
+    %s = flashopt.add_round_down %z, %m : f32
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$x,
+                       AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$y);
+  let results = (outs AnyTypeOf<[F32, VectorOfRankAndType<[1], [F32]>]>:$result);
+  let assemblyFormat = "$x `,` $y attr-dict `:` type($x)";
 }
 
 def FlashOpt_GuardedOp : FlashOpt_Op<"guarded", [
