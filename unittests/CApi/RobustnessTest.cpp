@@ -357,7 +357,7 @@ TEST_CASE("robustness: a CUDA optimizer checks the manifest against the "
 //===----------------------------------------------------------------------===//
 
 TEST_CASE("robustness: a save onto a FIFO, a device or a dangling link is "
-          "refused; a link to a file is followed") {
+          "refused, a link to a file is followed") {
   Opt o;
   fs::path dir = scratchDir() / "targets";
   fs::create_directories(dir);
@@ -632,7 +632,7 @@ TEST_CASE("robustness: a flipped data bit is caught by the checksum") {
 }
 
 TEST_CASE("robustness: a flipped bit in the metadata is caught by its "
-          "checksum; a lying rule is a mismatch") {
+          "checksum, a lying rule is a mismatch") {
   // Found by scripts/probe-inputs.py: a flipped digit of a hyper-parameter in
   // __metadata__ 'param_groups' loaded as the new value.
   Opt o(100, 2);
@@ -663,7 +663,7 @@ TEST_CASE("robustness: a flipped bit in the metadata is caught by its "
     m["rule"] = "lion";
   });
   CHECK(flashopt_load_checkpoint(o.opt, lying.c_str()) == FLASHOPT_ERROR_MISMATCH);
-  CHECK(has(err(), "checkpoint of rule \"lion\""));
+  CHECK(has(err(), "checkpoint of rule 'lion'"));
   CHECK(o.snapshot() == before);
   // Without the metadata checksum (another tool edited it) a file still loads.
   std::string edited = (scratchDir() / "meta-edited.safetensors").string();
@@ -856,7 +856,7 @@ TEST_CASE("robustness: writers killed at random moments never leave a "
 //===----------------------------------------------------------------------===//
 
 TEST_CASE("robustness: SKIP leaves everything bit-identical on a NaN or Inf "
-          "gradient; PROPAGATE steps") {
+          "gradient, PROPAGATE steps") {
   for (const char *spec : {"adamw_bf16_m24", "sgd_bf16", "lion_bf16"}) {
     for (float bad : {NAN, INFINITY, -INFINITY}) {
       CAPTURE(spec);
