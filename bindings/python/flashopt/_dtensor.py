@@ -21,7 +21,7 @@ from . import _dtensor_dcp
 from . import _lib as L
 from ._bundle import _DTYPES, _Bundle, _device_key, _float, _is_dtensor
 from ._dtensor_layout import (Layout, _bytes_of, _chunk_rows, _Packing, _Piece, _types,
-                              placement_error)
+                              first_rank_error, placement_error)
 from ._dtensor_state import SPEC_KEY, STEP_KEY, plain_checkpoint  # noqa: F401 (re-exported)
 
 _HEADER = 256  # bytes of each rank's step header (flags, signature, error text)
@@ -92,12 +92,11 @@ class ShardedParams:
                 gid += 1
         except Exception as e:
             err = f"{type(e).__name__}: {e}"
-        got = [None] * self.W
-        dist.all_gather_object(got, err, group=self.group)
-        for q, e in enumerate(got):
-            if e:
-                raise RuntimeError(f"flashopt: rank {q} could not register the param group "
-                                   f"{gi}: {e}")
+        failed = first_rank_error(err, self.group, self.W)
+        if failed:
+            q, e = failed
+            raise RuntimeError(f"flashopt: rank {q} could not register the param group "
+                               f"{gi}: {e}")
         self._packings = {}
 
     @torch.no_grad()
@@ -410,13 +409,12 @@ class ShardedParams:
                 err = err or (msg[:-len(suffix)] if msg.endswith(suffix) else msg)
                 code, rep = e.code, e.report
                 reports.append(e.report)
-        got = [None] * self.W
-        dist.all_gather_object(got, err, group=self.group)
-        for q, e in enumerate(got):
-            if e:
-                raise L.NumericsError(code or L.ERROR_NUMERICS,
-                                      f"flashopt: check_numerics failed on rank {q}: {e}",
-                                      rep if q == self.rank else L.NumericsReport())
+        failed = first_rank_error(err, self.group, self.W)
+        if failed:
+            q, e = failed
+            raise L.NumericsError(code or L.ERROR_NUMERICS,
+                                  f"flashopt: check_numerics failed on rank {q}: {e}",
+                                  rep if q == self.rank else L.NumericsReport())
         return reports
 
     def layout_of(self, p) -> Layout:

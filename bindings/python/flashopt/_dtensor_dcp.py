@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Any, Dict
 
 import torch
-import torch.distributed as dist
 
 from . import _lib as L
 from . import _state
-from ._dtensor_layout import _Packing, _types
+from ._dtensor_layout import _Packing, _types, first_rank_error
 from ._dtensor_state import (SPEC_KEY, STEP_KEY, elem_buffers, entry_states, fill_pieces,
                              own_states, scale_table, state_buffers)
 
@@ -72,12 +71,11 @@ def load_state_dict(sp, sd: Dict[str, Any]) -> None:
             owns.append(entry_states(lay, entry, lay.bundle))
     except Exception as e:
         err = f"{type(e).__name__}: {e}"
-    got = [None] * sp.W
-    dist.all_gather_object(got, err, group=sp.group)
-    for q, e in enumerate(got):
-        if e:
-            raise ValueError(f"flashopt: loading the optimizer state failed on rank {q}: "
-                             f"{e}; nothing was loaded on any rank")
+    failed = first_rank_error(err, sp.group, sp.W)
+    if failed:
+        q, e = failed
+        raise ValueError(f"flashopt: loading the optimizer state failed on rank {q}: "
+                         f"{e}; nothing was loaded on any rank")
     # The split groups' other elements come from their ranks.
     nf = max((len(elem_buffers(lay.bundle)) for lay in sp.layouts), default=0)
     packing = _Packing(sp.layouts, nf, 0)

@@ -37,6 +37,28 @@ Type scalarTypeOf(Type t) {
   return t;
 }
 
+/// `lane` applied to the operands lane by lane (extract, compute, insert)
+/// into a value of `resultType`, or to the operands themselves when they
+/// are scalars.
+Value perLane(ConversionPatternRewriter &rw, Location loc, Type resultType,
+              ValueRange operands,
+              llvm::function_ref<Value(ValueRange)> lane) {
+  auto vt = dyn_cast<VectorType>(operands.front().getType());
+  if (!vt)
+    return lane(operands);
+  Type i32 = rw.getI32Type();
+  Value out = LLVM::PoisonOp::create(rw, loc, resultType);
+  for (int64_t i = 0; i < vt.getNumElements(); ++i) {
+    Value pos = LLVM::ConstantOp::create(rw, loc, i32,
+                                         rw.getI32IntegerAttr(int32_t(i)));
+    SmallVector<Value> args;
+    for (Value v : operands)
+      args.push_back(LLVM::ExtractElementOp::create(rw, loc, v, pos));
+    out = LLVM::InsertElementOp::create(rw, loc, out, lane(args), pos);
+  }
+  return out;
+}
+
 /// The type memory is accessed as: bf16 becomes i16 when `bf16AsInt` (the
 /// host, where LLVM would otherwise legalize bf16 vectors through libcalls).
 Type memoryTypeOf(Type t, bool bf16AsInt) {
@@ -197,13 +219,8 @@ struct TableLookupLowering : ConvertOpToLLVMPattern<TableLookupOp> {
                            rw.getI32IntegerAttr(4)));
       return success();
     }
-    Value out = LLVM::PoisonOp::create(rw, loc, resultType);
-    for (int64_t i = 0; i < vt.getNumElements(); ++i) {
-      Value pos = LLVM::ConstantOp::create(rw, loc, i32, rw.getI32IntegerAttr(int32_t(i)));
-      Value code = LLVM::ExtractElementOp::create(rw, loc, index, pos);
-      out = LLVM::InsertElementOp::create(rw, loc, out, read(code), pos);
-    }
-    rw.replaceOp(op, out);
+    rw.replaceOp(op, perLane(rw, loc, resultType, index,
+                             [&](ValueRange c) { return read(c[0]); }));
     return success();
   }
 
@@ -244,20 +261,8 @@ struct ApproxLowering : ConvertOpToLLVMPattern<ApproxOp> {
                                            rw.getStringAttr(name), ValueRange{v})
           .getResult(0);
     };
-    auto vt = dyn_cast<VectorType>(type);
-    if (!vt) {
-      rw.replaceOp(op, one(x));
-      return success();
-    }
-    Type i32 = rw.getI32Type();
-    Value out = LLVM::PoisonOp::create(rw, loc, type);
-    for (int64_t i = 0; i < vt.getNumElements(); ++i) {
-      Value pos = LLVM::ConstantOp::create(rw, loc, i32,
-                                           rw.getI32IntegerAttr(int32_t(i)));
-      Value lane = LLVM::ExtractElementOp::create(rw, loc, x, pos);
-      out = LLVM::InsertElementOp::create(rw, loc, out, one(lane), pos);
-    }
-    rw.replaceOp(op, out);
+    rw.replaceOp(op, perLane(rw, loc, type, x,
+                             [&](ValueRange v) { return one(v[0]); }));
     return success();
   }
 
@@ -281,25 +286,12 @@ struct AddRoundDownLowering : ConvertOpToLLVMPattern<AddRoundDownOp> {
     auto vt = dyn_cast<VectorType>(type);
     Type i32 = rw.getI32Type();
     if (addressSpace == 1) {
-      auto one = [&](Value a, Value b) -> Value {
+      rw.replaceOp(op, perLane(rw, loc, type, {x, y}, [&](ValueRange v) {
         return LLVM::CallIntrinsicOp::create(
                    rw, loc, rw.getF32Type(),
-                   rw.getStringAttr("llvm.nvvm.add.rm.f"), ValueRange{a, b})
+                   rw.getStringAttr("llvm.nvvm.add.rm.f"), v)
             .getResult(0);
-      };
-      if (!vt) {
-        rw.replaceOp(op, one(x, y));
-        return success();
-      }
-      Value out = LLVM::PoisonOp::create(rw, loc, type);
-      for (int64_t i = 0; i < vt.getNumElements(); ++i) {
-        Value pos = LLVM::ConstantOp::create(rw, loc, i32,
-                                             rw.getI32IntegerAttr(int32_t(i)));
-        Value a = LLVM::ExtractElementOp::create(rw, loc, x, pos);
-        Value b = LLVM::ExtractElementOp::create(rw, loc, y, pos);
-        out = LLVM::InsertElementOp::create(rw, loc, out, one(a, b), pos);
-      }
-      rw.replaceOp(op, out);
+      }));
       return success();
     }
     Type itype = vt ? Type(VectorType::get(vt.getShape(), i32)) : i32;
