@@ -391,7 +391,9 @@ def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warm
     if progress:
         try:
             from tqdm import tqdm
-            bar = tqdm(it, desc="training", unit="step", file=sys.stdout, dynamic_ncols=True)
+            bar = tqdm(it, desc="training", unit="step", file=sys.stdout,
+                       # a line every 30 s in a log, not one per step
+                       mininterval=0.1 if sys.stdout.isatty() else 30, dynamic_ncols=True)
             it = bar
         except ImportError:
             pass

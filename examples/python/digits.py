@@ -97,7 +97,9 @@ def train(steps=300, lr=1e-3, batch=64, seed=0, progress=True, workdir=None,
     if progress:
         try:
             from tqdm import tqdm
-            bar = tqdm(it, desc="training", unit="step", file=sys.stdout)
+            bar = tqdm(it, desc="training", unit="step", file=sys.stdout,
+                       # a line every 30 s in a log, not one per step
+                       mininterval=0.1 if sys.stdout.isatty() else 30)
             it = bar
         except ImportError:
             pass

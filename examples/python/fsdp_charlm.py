@@ -116,6 +116,8 @@ def run(rank, world, a, phase):
         try:
             from tqdm import tqdm
             bar = tqdm(it, desc=f"phase {phase}, {world} ranks", unit="step", file=sys.stdout,
+                       # a line every 30 s in a log, not one per step
+                       mininterval=0.1 if sys.stdout.isatty() else 30,
                        dynamic_ncols=True)
             it = bar
         except ImportError:

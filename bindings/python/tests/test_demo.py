@@ -1,11 +1,18 @@
 """The demo (examples/python/digits.py, scripts/run-demo.sh): FlashAdamW on a
-bf16 CNN ends within 1 % of torch AdamW (fp32) in final test accuracy and test
-loss on scikit-learn's digits, 300 steps from the same initialization.
+bf16 CNN ends no worse than torch AdamW (fp32) by more than 1 % in final test
+accuracy (points) and test loss on scikit-learn's digits, 300 steps from the
+same initialization.
 
 A single run's final test loss moves by several percent with the seed for
 either optimizer (the late, overfitting phase is chaotic: per-seed gaps seen
 were -2 %..+1.4 %), so the comparison is over the mean of three seeds (data
-split, initialization and batch order), the same seeds for both."""
+split, initialization and batch order), the same seeds for both.
+
+The claim is "no loss of quality", so the test is one-sided: being better
+than torch is not a failure. A two-sided 1 % failed on every run on an AMD
+EPYC host, where torch's own CPU kernels give other bits (flashopt's mean
+test loss 0.1167 against torch's 0.1183, 1.3 % better), so it depended on
+the host; a one-sided bound does not."""
 
 import sys
 from pathlib import Path
@@ -24,9 +31,10 @@ def test_flash_adamw_matches_torch_adamw_on_digits(tmp_path):
 
     def mean(k, m):
         return sum(r["final"][k][m] for r in runs) / len(runs)
-    for metric in ("test_acc", "test_loss"):
-        f, t = mean("flashopt", metric), mean("torch", metric)
-        assert abs(f - t) <= 0.01 * t, (metric, f, t)
+    f, t = mean("flashopt", "test_loss"), mean("torch", "test_loss")
+    assert f <= 1.01 * t, ("test_loss", f, t)
+    f, t = mean("flashopt", "test_acc"), mean("torch", "test_acc")
+    assert f >= t - 0.01, ("test_acc", f, t)
     # It learned: well above chance (10 %).
     assert mean("flashopt", "test_acc") > 0.9
     r = runs[0]
