@@ -36,7 +36,8 @@ std::optional<StateKind> parse_state_kind(std::string_view n) {
 }
 
 const std::vector<std::string> &known_companders() {
-  static const std::vector<std::string> names = {"none", "softsign", "sqrt"};
+  static const std::vector<std::string> names = {"none", "softsign", "sqrt",
+                                                 "e3m4", "e4m4"};
   return names;
 }
 

@@ -172,7 +172,9 @@ void Parser::parseAccumulator(const json &root, Manifest &m) {
   m.accumulator = a;
 }
 
-/// hypers: unique names, each with a number or null default.
+/// hypers: unique names, each with a number or null default; an envelope
+/// ({"keep": "max" | "min", "of": <an earlier plain hyper-parameter>}) has a
+/// null default.
 void Parser::parseHypers(const json &root, Manifest &m) {
   std::set<std::string> names;
   forEachObject(
@@ -189,6 +191,24 @@ void Parser::parseHypers(const json &root, Manifest &m) {
         } else {
           fail(join(p, "default"), "expected a number or null, got " +
                                        typeName(d) + " " + describe(d));
+        }
+        if (hyper.contains("envelope")) {
+          const std::string ep = join(p, "envelope");
+          const json &e = object(hyper, p, "envelope");
+          h.envelope = string(e, ep, "keep");
+          if (h.envelope != "max" && h.envelope != "min")
+            fail(join(ep, "keep"),
+                 "expected max or min, got " + quote(h.envelope));
+          h.envelope_of = string(e, ep, "of");
+          auto of = std::find_if(
+              m.hypers.begin(), m.hypers.end(),
+              [&](const HyperSpec &x) { return x.name == h.envelope_of; });
+          if (of == m.hypers.end() || of->is_envelope())
+            fail(join(ep, "of"), "names no earlier plain hyper-parameter: " +
+                                     quote(h.envelope_of));
+          if (h.default_value)
+            fail(join(p, "default"),
+                 "an envelope has no default (the runtime keeps it)");
         }
         m.hypers.push_back(h);
       });
@@ -247,11 +267,13 @@ void Parser::parseEncoding(const json &enc, const std::string &ep,
     if (std::find(companders.begin(), companders.end(), s.compand) ==
         companders.end())
       fail(join(ep, "compand"),
-           "expected one of none, softsign, sqrt, got " + quote(s.compand));
-    if (s.compand == "softsign" && s.storage != DType::I8)
-      fail(join(ep, "compand"), "softsign needs i8 storage");
-    if (s.compand == "sqrt" && s.storage != DType::U8)
-      fail(join(ep, "compand"), "sqrt needs ui8 storage");
+           "expected one of none, softsign, sqrt, e3m4, e4m4, got " +
+               quote(s.compand));
+    if ((s.compand == "softsign" || s.compand == "e3m4") &&
+        s.storage != DType::I8)
+      fail(join(ep, "compand"), s.compand + " needs i8 storage");
+    if ((s.compand == "sqrt" || s.compand == "e4m4") && s.storage != DType::U8)
+      fail(join(ep, "compand"), s.compand + " needs ui8 storage");
     s.scale =
         dtype(enc, ep, "scale", {DType::F16, DType::BF16, DType::F32}, nullptr);
   } else if (kind == "plain") {

@@ -52,6 +52,8 @@ std::string write_manifest(const Manifest &m) {
       e["default"] = *h.default_value;
     else
       e["default"] = nullptr;
+    if (h.is_envelope())
+      e["envelope"] = {{"keep", h.envelope}, {"of", h.envelope_of}};
     hypers.push_back(e);
   }
   j["hypers"] = hypers;

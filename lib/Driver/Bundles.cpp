@@ -267,6 +267,10 @@ llvm::Expected<abi::Manifest> driver::describeBundle(const CompileJob &job,
     mh.name = h.getName().str();
     if (auto d = h.getDefaultValueAttr())
       mh.default_value = d.getValueAsDouble();
+    if (auto e = h.getEnvelope()) {
+      mh.envelope = stringifyEnvelope(*e).str();
+      mh.envelope_of = h.getEnvelopeOf()->str();
+    }
     m.hypers.push_back(mh);
   }
   for (StateOp s : getStates(optimizer)) {

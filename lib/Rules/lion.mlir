@@ -17,7 +17,7 @@ flashopt.optimizer @lion param(#flashopt.master<bf16, correction = i8>) grad(bf1
   %is_rel = arith.cmpf une, %decouple_lr, %zero : f32
   %w = arith.select %is_rel, %w_rel, %w_abs : f32
   %dec = arith.subf %one, %w : f32
-  flashopt.state "exp_avg" : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
+  flashopt.state "exp_avg" : #flashopt.quant<i8, group = 32, compand = softsign, scale = bf16>
   flashopt.update(%theta: f32, %g: f32, %m: f32) {
     %m_b1 = arith.mulf %m, %beta1 : f32
     %g_b1 = arith.mulf %g, %omb1 : f32
@@ -26,10 +26,12 @@ flashopt.optimizer @lion param(#flashopt.master<bf16, correction = i8>) grad(bf1
     %neg = arith.cmpf olt, %c, %zero : f32
     %s_neg = arith.select %neg, %minus_one, %zero : f32
     %u_num = arith.select %pos, %one, %s_neg : f32
-    // sign(NaN) = NaN (docs/NUMERICS.md §5): a NaN gradient makes its weight
-    // NaN, visibly, instead of freezing it with a finite value.
-    %c_nan = arith.cmpf uno, %c, %c : f32
-    %u = arith.select %c_nan, %c, %u_num : f32
+    // sign(c) + (c - c): NaN for a NaN or infinite c (docs/NUMERICS.md §5),
+    // so that a non-finite gradient makes its weight NaN in the same step,
+    // visibly, instead of leaving it finite while its group's states are
+    // not; c - c is +0 for every finite c.
+    %c_nf = arith.subf %c, %c : f32
+    %u = arith.addf %u_num, %c_nf : f32
     %m_b2 = arith.mulf %m, %beta2 : f32
     %g_b2 = arith.mulf %g, %omb2 : f32
     %m_new = arith.addf %m_b2, %g_b2 : f32

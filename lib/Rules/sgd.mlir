@@ -11,7 +11,7 @@ flashopt.optimizer @sgd param(#flashopt.master<bf16, correction = i8>) grad(bf16
   %omd = arith.subf %one, %dampening : f32
   %no_momentum = arith.cmpf oeq, %momentum, %zero : f32
   %use_nesterov = arith.cmpf une, %nesterov, %zero : f32
-  flashopt.state "momentum_buffer" elidable("momentum") : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
+  flashopt.state "momentum_buffer" elidable("momentum") : #flashopt.quant<i8, group = 32, compand = softsign, scale = bf16>
   flashopt.update(%theta: f32, %g0: f32, %m: f32) {
     %decay = arith.mulf %theta, %weight_decay : f32
     %g = arith.addf %g0, %decay : f32

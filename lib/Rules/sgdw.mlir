@@ -18,7 +18,7 @@ flashopt.optimizer @sgdw param(#flashopt.master<bf16, correction = i8>) grad(bf1
   %is_rel = arith.cmpf une, %decouple_lr, %zero : f32
   %w = arith.select %is_rel, %w_rel, %w_abs : f32
   %dec = arith.subf %one, %w : f32
-  flashopt.state "momentum_buffer" elidable("momentum") : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
+  flashopt.state "momentum_buffer" elidable("momentum") : #flashopt.quant<i8, group = 32, compand = softsign, scale = bf16>
   flashopt.update(%theta: f32, %g: f32, %m: f32) {
     %m_mu = arith.mulf %m, %momentum : f32
     %g_d = arith.mulf %g, %omd : f32

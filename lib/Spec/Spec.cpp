@@ -101,6 +101,10 @@ const char *spelling(Compand v) noexcept {
     return "softsign";
   case Compand::Sqrt:
     return "sqrt";
+  case Compand::E3M4:
+    return "e3m4";
+  case Compand::E4M4:
+    return "e4m4";
   }
   return "?";
 }
@@ -150,6 +154,10 @@ std::optional<Compand> parseCompand(std::string_view s) noexcept {
     return Compand::Softsign;
   if (s == "sqrt")
     return Compand::Sqrt;
+  if (s == "e3m4")
+    return Compand::E3M4;
+  if (s == "e4m4")
+    return Compand::E4M4;
   return std::nullopt;
 }
 

@@ -106,16 +106,17 @@ void SpecParser::checkEncoding(const json &enc, const std::string &ptr,
   } else if (auto name = oneOf(*c, child(ptr, "compand"), kCompanders)) {
     Compand comp = *parseCompand(*name);
     state.compand = {comp, true, valueLoc(child(ptr, "compand"))};
-    if (storage && comp == Compand::Softsign && *storage != Storage::I8)
+    // Signed codes only (softsign, e3m4) or unsigned only (sqrt, e4m4).
+    std::optional<Storage> needs;
+    if (comp == Compand::Softsign || comp == Compand::E3M4)
+      needs = Storage::I8;
+    if (comp == Compand::Sqrt || comp == Compand::E4M4)
+      needs = Storage::UI8;
+    if (storage && needs && *storage != *needs)
       error(valueLoc(child(ptr, "compand")),
-            fmt::format("compand \"softsign\" needs storage \"i8\", found "
+            fmt::format("compand \"{}\" needs storage \"{}\", found "
                         "storage \"{}\"",
-                        spelling(*storage)));
-    if (storage && comp == Compand::Sqrt && *storage != Storage::UI8)
-      error(valueLoc(child(ptr, "compand")),
-            fmt::format("compand \"sqrt\" needs storage \"ui8\", found "
-                        "storage \"{}\"",
-                        spelling(*storage)));
+                        spelling(comp), spelling(*needs), spelling(*storage)));
   }
 
   auto sc = enc.find("scale");

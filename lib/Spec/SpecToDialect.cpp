@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/Spec/SpecToDialect.h"
+#include "flashopt/Dialect/FlashOpt/IR/Companders.h"
 #include "flashopt/Dialect/FlashOpt/IR/FlashOptOps.h"
 #include "flashopt/Rules/BuiltinRules.h"
 #include "flashopt/Spec/Spec.h"
@@ -110,6 +111,19 @@ StateEncodingAttrInterface encodingFor(MLIRContext *ctx, const spec::Spec &s,
                         scale);
 }
 
+/// FlashOptim's encoding of a built-in rule's quantized state, for the
+/// FlashOptim numerics: its softsign (signed) or sqrt (unsigned) linear
+/// codes with f16 scales (docs/NUMERICS.md §8); other encodings are kept.
+StateEncodingAttrInterface flashoptimEncoding(StateEncodingAttrInterface enc) {
+  auto q = dyn_cast<QuantAttr>(enc);
+  if (!q)
+    return enc;
+  MLIRContext *ctx = q.getContext();
+  return QuantAttr::get(ctx, q.getStorage(), q.getGroup(),
+                        q.isSigned() ? Compander::softsign : Compander::sqrt,
+                        Float16Type::get(ctx));
+}
+
 /// Sets the group size of a rule's quantized encoding to the spec's.
 StateEncodingAttrInterface withGroup(StateEncodingAttrInterface enc,
                                      const spec::Spec &s) {
@@ -160,9 +174,14 @@ void applySpec(const spec::Spec &s, OptimizerOp op, Reporter &rep) {
   for (StateOp st : states)
     stateNames.push_back(st.getName().str());
 
-  // Rule defaults first (with the spec's group size), then the spec's form.
-  for (StateOp st : states)
-    st.setEncodingAttr(withGroup(st.getEncoding(), s));
+  // Rule defaults first (with the spec's group size; FlashOptim's codes in
+  // its numerics), then the spec's form.
+  for (StateOp st : states) {
+    StateEncodingAttrInterface enc = withGroup(st.getEncoding(), s);
+    if (s.numerics.value == spec::NumericsMode::FlashOptim && s.rule.builtin)
+      enc = flashoptimEncoding(enc);
+    st.setEncodingAttr(enc);
+  }
   switch (s.statesForm.value) {
   case spec::StatesForm::Default:
     break;

@@ -28,7 +28,9 @@
 namespace flashopt::ref {
 
 enum class DType { BF16, F16, F32, I8, U8, I16, None };
-enum class Compand { None, Softsign, Sqrt };
+/// The linear codes (None, Softsign, Sqrt: docs/NUMERICS.md §2) and the
+/// minifloat codes (E3M4 signed, E4M4 unsigned: §2d).
+enum class Compand { None, Softsign, Sqrt, E3M4, E4M4 };
 
 struct QuantEncoding {
   bool isSigned = true;
@@ -308,8 +310,45 @@ inline uint32_t scaleFromF32(DType t, float v) {
   return narrowBits(t, v);
 }
 
+/// A minifloat format (docs/NUMERICS.md §2d): E exponent bits, M mantissa
+/// bits, emax = 2^E - 1; signed codes carry a sign besides; e3m4 has
+/// subnormals; unsigned codes (e4m4) are zero-free.
+struct Minifloat {
+  int E, M;
+  bool isSigned, subnormals;
+  int emax() const { return (1 << E) - 1; }
+  int top() const { return (1 << (E + M)) - 1; }
+};
+inline bool isMinifloat(Compand c) {
+  return c == Compand::E3M4 || c == Compand::E4M4;
+}
+inline Minifloat minifloatOf(Compand c) {
+  return c == Compand::E3M4 ? Minifloat{3, 4, true, true}
+                            : Minifloat{4, 4, false, true};
+}
+
+/// V(c) for a magnitude code c: 2^(e - emax) (1 + f / 2^M) for e = c >> M
+/// >= 1; for e = 0, f 2^(1 - emax - M) (subnormals), else 0 (signed) or
+/// 2^-emax (unsigned, zero-free). Computed with ldexp from the definition
+/// (exact: M + 1 significant bits).
+inline float minifloatMagnitude(const Minifloat &f, int32_t c) {
+  int e = c >> f.M, m = c & ((1 << f.M) - 1);
+  if (e == 0 && f.subnormals && !f.isSigned && m == 0) // zero-free
+    return std::ldexp(0.5f, 1 - f.emax() - f.M);
+  if (e == 0 && f.subnormals)
+    return std::ldexp(float(m), 1 - f.emax() - f.M);
+  if (e == 0)
+    return f.isSigned ? 0.0f : std::ldexp(1.0f, -f.emax());
+  return std::ldexp(1.0f + std::ldexp(float(m), -f.M), e - f.emax());
+}
+
 inline float dequantize(int32_t code, uint32_t scaleBits,
                         const QuantEncoding &enc, bool fast = false) {
+  if (isMinifloat(enc.compand)) {
+    Minifloat f = minifloatOf(enc.compand);
+    float v = minifloatMagnitude(f, code < 0 ? -code : code);
+    return (code < 0 ? -v : v) * scaleToF32(enc.scale, scaleBits);
+  }
   float n_max = enc.isSigned ? 127.0f : 255.0f;
   float t = divUniform(float(code), n_max, fast);
   float n = t;
@@ -328,6 +367,12 @@ inline Lazy dequantizeLazy(int32_t code, uint32_t scaleBits,
                            const QuantEncoding &enc, bool fast) {
   if (!fast)
     return plainL(dequantize(code, scaleBits, enc, false));
+  if (isMinifloat(enc.compand)) { // V(code) * scale: the scale is pending
+    Minifloat f = minifloatOf(enc.compand);
+    float v = minifloatMagnitude(f, code < 0 ? -code : code);
+    return Lazy{code < 0 ? -v : v, scaleToF32(enc.scale, scaleBits), true,
+                true};
+  }
   float n_max = enc.isSigned ? 127.0f : 255.0f;
   float r = 1.0f / n_max;
   float sc = scaleToF32(enc.scale, scaleBits);
@@ -344,13 +389,68 @@ inline Lazy dequantizeLazy(int32_t code, uint32_t scaleBits,
   return Lazy{q, r * sc, true, true};
 }
 
+/// H(t): the top 14 bits of a 32-bit integer hash of the step count
+/// (docs/NUMERICS.md §8.3).
+inline uint32_t stepHash(int64_t t) {
+  uint32_t x = uint32_t(uint64_t(t));
+  x ^= x >> 16;
+  x *= 0x21F0AAADu;
+  x ^= x >> 15;
+  x *= 0x735A2D97u;
+  x ^= x >> 15;
+  return x >> 18;
+}
 /// The bounded numerics' rounding offset of element `i` of a tensor at step
-/// `t` (docs/NUMERICS.md §8): u = h / 2^14, h = (i * 12367 + t * 10125) mod
-/// 2^14, i and t taken modulo 2^32 first.
-inline float dither(int64_t i, int64_t t) {
-  uint32_t h = (uint32_t(uint64_t(i)) * 12367u + uint32_t(uint64_t(t)) * 10125u) &
-               0x3FFFu;
-  return float(h) / 16384.0f;
+/// `t` for the state of phase `phase` (docs/NUMERICS.md §8.3): h = (i *
+/// 12367 + H(t) + phase) mod 2^14, i taken modulo 2^32 first.
+inline uint32_t ditherH(int64_t i, int64_t t, uint32_t phase = 0) {
+  return (uint32_t(uint64_t(i)) * 12367u + stepHash(t) + phase) & 0x3FFFu;
+}
+/// u = h / 2^14.
+inline float dither(int64_t i, int64_t t, uint32_t phase = 0) {
+  return float(ditherH(i, t, phase)) / 16384.0f;
+}
+/// The phase of the k-th quantized state of an optimizer: k * 3462 mod 2^14.
+inline uint32_t statePhase(int k) { return (uint32_t(k) * 3462u) & 0x3FFFu; }
+
+/// Quantizes the first `n` values of a group with a minifloat format
+/// (docs/NUMERICS.md §2d); `h` holds each element's dither h in [0, 2^14)
+/// (null: h = 2^13, one half). Returns the scale bits.
+inline uint32_t quantize_minifloat(const float *x, int n,
+                                   const QuantEncoding &enc, int32_t *codes,
+                                   const uint32_t *h) {
+  Minifloat f = minifloatOf(enc.compand);
+  float a = 0.0f;
+  for (int i = 0; i < n; ++i)
+    a = maximumf(a, std::fabs(x[i]));
+  // The scale: the least power of two 2^E with 2^E * V_top >= a, E within
+  // the scale type's normal exponents and at most emax + 22.
+  const float top = 2.0f - std::ldexp(1.0f, -f.M);
+  int lo = enc.scale == DType::F16 ? -14 : -126;
+  int hi = std::min(enc.scale == DType::F16 ? 15 : 127, f.emax() + 22);
+  int e = lo;
+  while (e < hi && !(std::ldexp(top, e) >= a)) // +inf and NaN: hi
+    ++e;
+  float scale = std::ldexp(1.0f, e);
+  // +inf and NaN are stored as they are.
+  float stored = std::isnan(a) || std::isinf(a) ? a : scale;
+  uint32_t scaleBits = enc.scale == DType::F32 ? bitsOf(stored)
+                                                : narrowBits(enc.scale, stored);
+  // r = |x| * 2^(emax - 127 - E): the code's exponent lands in r's f32
+  // exponent field, its subnormals in f32's.
+  const float k = std::ldexp(1.0f, f.emax() - 127 - e);
+  for (int i = 0; i < n; ++i) {
+    float r = std::fabs(x[i]) * k;
+    // Rounding r to M mantissa bits with the dither: the f32 bits plus
+    // h * 2^(23 - M - 14), then the bits below the code's last place
+    // dropped: the code itself (f32's and the code's binades align).
+    uint32_t hh = h ? h[i] : 0x2000u;
+    uint32_t add = hh << (23 - f.M - 14);
+    uint32_t q = (bitsOf(r) + add) >> (23 - f.M);
+    q = std::min<uint32_t>(q, uint32_t(f.top())); // a NaN, or beyond range
+    codes[i] = f.isSigned && x[i] < 0.0f ? -int32_t(q) : int32_t(q);
+  }
+  return scaleBits;
 }
 
 /// Quantizes the first `n` values of a group; returns the scale bits. With
@@ -359,6 +459,12 @@ inline float dither(int64_t i, int64_t t) {
 inline uint32_t quantize_group(const float *x, int n, const QuantEncoding &enc,
                                int32_t *codes, bool fast = false,
                                const float *dithers = nullptr) {
+  if (isMinifloat(enc.compand)) {
+    std::vector<uint32_t> h(n);
+    for (int i = 0; i < n && dithers; ++i)
+      h[i] = uint32_t(dithers[i] * 16384.0f);
+    return quantize_minifloat(x, n, enc, codes, dithers ? h.data() : nullptr);
+  }
   float nmax = enc.isSigned ? 127.0f : 255.0f;
   std::vector<float> y(n);
   float a = -INFINITY;
@@ -513,13 +619,41 @@ struct Rule {
       omb2 = 1.0f - h["beta2"];
       bc1 = 1.0f - powi(h["beta1"], t);
       bc2 = 1.0f - powi(h["beta2"], t);
-      // |m| <= K sqrt(v), K^2 = (1 - beta1)^2 S / (1 - beta2), S = sum_{j<t}
-      // r^j, r = beta1^2 / beta2: |update| <= lr K sqrt(bc2) / bc1.
-      float r = (h["beta1"] * h["beta1"]) / h["beta2"];
-      float sGeo = (1.0f - powi(r, t)) / (1.0f - r);
-      float s = r == 1.0f ? float(t) : sGeo;
-      float k2 = ((omb1 * omb1) * s) / omb2;
+      // |m| <= K sqrt(v), K^2 <= (1 - beta1_min)^2 S / (1 - beta2_max), S =
+      // sum_{j<t} r^j, r = beta1_max^2 / beta2_min: |update| <= lr K
+      // sqrt(bc2) / bc1 (docs/NUMERICS.md §8.4, in the order written there).
+      // The envelopes are the betas' extremes over the steps taken; a caller
+      // that gives none ran fixed betas.
+      auto envelope = [&](const char *name, const char *of) {
+        auto it = hypers.find(name);
+        return it != hypers.end() ? it->second : h[of];
+      };
+      const float b1 = envelope("beta1_max", "beta1"),
+                  b2 = envelope("beta2_min", "beta2");
+      const float b1lo = envelope("beta1_min", "beta1"),
+                  b2hi = envelope("beta2_max", "beta2");
+      // beta2 - beta1^2: beta1^2 exact in f64, the difference rounded there,
+      // then once to f32.
+      const float d = float(double(b2) - double(b1) * double(b1));
+      const float omr = d / b2;              // 1 - r
+      const float p1 = powi(b1, t), p2 = powi(b2, t);
+      const double p1w = double(p1), p2w = double(p2);
+      float rt = float((p1w * p1w) / p2w); // r^t
+      if (p2 == 0.0f)
+        rt = d > 0.0f ? 0.0f : INFINITY;
+      const float sGeo = (1.0f - rt) / omr;
+      const float tf = float(t);
+      const float tOmr = tf * std::fabs(omr);
+      const float sNear = tf * (d > 0.0f ? 1.0f : 1.015625f);
+      float s = tOmr < 0.015625f ? sNear : sGeo;
+      if (b1 == 0.0f)
+        s = 1.0f;
+      const float omb1lo = 1.0f - b1lo, omb2hi = 1.0f - b2hi;
+      float k2 = ((omb1lo * omb1lo) * s) / omb2hi;
       float kt = std::sqrt(k2 * bc2) / bc1;
+      if (b2 == 0.0f && b1 != 0.0f)
+        kt = INFINITY;
+      kt = minimumf(kt, 3.40282347e+38f);
       maxUpd = (std::fabs(h["lr"]) * 1.00390625f) * kt;
     }
     if (name == "lion") {
@@ -607,8 +741,11 @@ struct Rule {
       float gv = g.value();
       float m0 = s[0].value(); // used twice
       float c = A.add(A.mulU(plainL(m0), H("beta1")), A.mulU(plainL(gv), omb1));
-      // sign(NaN) = NaN (docs/NUMERICS.md §5).
-      float u = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : (c == c ? 0.0f : c));
+      // sign(c) + (c - c): NaN for a NaN or infinite c (docs/NUMERICS.md
+      // §5); c - c is +0 for a finite c.
+      float s = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : 0.0f);
+      float cc = c - c;
+      float u = s + cc;
       out[0] = A.add(A.mulU(plainL(m0), H("beta2")), A.mulU(plainL(gv), omb2));
       theta = A.sub(A.mulU(plainL(theta), dec), A.mulU(plainL(u), H("lr")));
     }
@@ -711,13 +848,15 @@ inline void reference_step(const Config &cfg,
         narrowStore(cfg.param, param, e, thetaNew[i]);
       }
     }
+    int quantizedIndex = 0;
     for (size_t k = 0; k < ns; ++k) {
       const StateEncoding &enc = cfg.states[k];
       if (enc.quantized) {
         std::vector<int32_t> codes(n);
         std::vector<float> dithers(n);
+        uint32_t phase = statePhase(quantizedIndex++);
         for (int i = 0; i < n; ++i)
-          dithers[i] = dither(elementOffset + g0 + i, t);
+          dithers[i] = dither(elementOffset + g0 + i, t, phase);
         uint32_t scale =
             quantize_group(statesNew[k].data(), n, enc.q, codes.data(),
                            cfg.fast, cfg.bounded ? dithers.data() : nullptr);

@@ -72,6 +72,31 @@ TEST_CASE("bad manifests give errors naming the file and the field") {
     expectError(x, "field 'hypers[1].name': missing"); }
   { json x = m; x["hypers"][1]["default"] = "0.9";
     expectError(x, "field 'hypers[1].default': expected a number or null"); }
+  // Envelopes (docs/NUMERICS.md §8.4): the running max or min of an earlier
+  // plain hyper-parameter, with no default.
+  {
+    json x = m;
+    x["hypers"].push_back({{"name", "momentum_max"}, {"default", nullptr},
+                           {"envelope", {{"keep", "max"}, {"of", "momentum"}}}});
+    auto r = parse_manifest(x.dump(), "/some/bundle/manifest.json");
+    REQUIRE_MESSAGE(r.ok(), r.error());
+    CHECK(r->hypers[2].is_envelope());
+    CHECK(r->hypers[2].envelope == "max");
+    CHECK(r->hypers[2].envelope_of == "momentum");
+    CHECK_FALSE(r->hypers[1].is_envelope());
+    json y = x;
+    y["hypers"][2]["envelope"]["keep"] = "mean";
+    expectError(y, "field 'hypers[2].envelope.keep': expected max or min, got \"mean\"");
+    y = x;
+    y["hypers"][2]["envelope"]["of"] = "beta9";
+    expectError(y, "field 'hypers[2].envelope.of': names no earlier plain hyper-parameter: \"beta9\"");
+    y = x;
+    y["hypers"][2]["envelope"]["of"] = "momentum_max";
+    expectError(y, "names no earlier plain hyper-parameter");
+    y = x;
+    y["hypers"][2]["default"] = 0.5;
+    expectError(y, "field 'hypers[2].default': an envelope has no default");
+  }
   { json x = m; x["states"][0]["encoding"]["storage"] = "i8";
     expectError(x, "field 'states[0].encoding.storage': expected one of f32, bf16, f16"); }
   { json x = m; x["buffers"][2]["dtype"] = "bf16";

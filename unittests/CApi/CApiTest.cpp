@@ -1601,8 +1601,8 @@ TEST_CASE("python interop: safetensors.torch reads a checkpoint" *
   CHECK(contains(text, "w torch.bfloat16 [1000]\n"));
   CHECK(contains(text, "w.correction torch.int8 [1000]\n"));
   CHECK(contains(text, "w.exp_avg.codes torch.int8 [1000]\n"));
-  CHECK(contains(text, "w.exp_avg.scales torch.float16 [32]\n"));
+  CHECK(contains(text, "w.exp_avg.scales torch.bfloat16 [32]\n"));
   CHECK(contains(text, "w.exp_avg_sq.codes torch.uint8 [1000]\n"));
-  CHECK(contains(text, "w.exp_avg_sq.scales torch.float16 [32]\n"));
+  CHECK(contains(text, "w.exp_avg_sq.scales torch.bfloat16 [32]\n"));
   CHECK(contains(text, "meta flashopt.checkpoint adamw_bf16_m24 1\n"));
 }

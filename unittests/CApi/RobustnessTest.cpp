@@ -629,6 +629,22 @@ TEST_CASE("robustness: a flipped data bit is caught by the checksum") {
   });
   CHECK(flashopt_load_checkpoint(o.opt, old.c_str()) == FLASHOPT_OK);
   CHECK(o.snapshot() == before);
+  // A checkpoint of the bounded numerics' first revision (no
+  // numerics_revision: FlashOptim's linear codes, dithered) holds other
+  // codes than this library's minifloat ones: refused by name, nothing
+  // loaded.
+  std::string first = (scratchDir() / "revision-1.safetensors").string();
+  rewriteCheckpoint(good, first, [](std::map<std::string, std::string> &m) {
+    REQUIRE(m.at("numerics") == "bounded");
+    REQUIRE(m.at("numerics_revision") == "2");
+    m.erase("numerics_revision");
+  });
+  CHECK(flashopt_load_checkpoint(o.opt, first.c_str()) ==
+        FLASHOPT_ERROR_MISMATCH);
+  CHECK(has(err(), "revision '1' of the 'bounded' numerics"));
+  CHECK(has(err(), "reads revision '2'"));
+  CHECK(has(err(), "nothing was loaded"));
+  CHECK(o.snapshot() == before);
 }
 
 TEST_CASE("robustness: a flipped bit in the metadata is caught by its "

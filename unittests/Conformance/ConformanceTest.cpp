@@ -45,7 +45,7 @@ using KernelFn = void (*)(const int64_t *, int64_t, const float *, int64_t,
                           int64_t, int64_t);
 
 /// <build>/kernels (the shipped specs), or FLASHOPT_KERNEL_DIR (the
-/// fast-mode variants of test/specs/fast, in <build>/kernels-fast).
+/// variants of test/specs/<folder>, in <build>/kernels-<folder>).
 std::string kernelDir() {
   if (const char *dir = std::getenv("FLASHOPT_KERNEL_DIR"))
     return dir;
@@ -111,6 +111,8 @@ ref::Config configOf(const json &m) {
       std::string comp = e["compand"];
       se.q.compand = comp == "softsign" ? ref::Compand::Softsign
                      : comp == "sqrt"   ? ref::Compand::Sqrt
+                     : comp == "e3m4"   ? ref::Compand::E3M4
+                     : comp == "e4m4"   ? ref::Compand::E4M4
                                         : ref::Compand::None;
       se.q.scale = dtypeOf(e["scale"]);
       se.q.group = e["group"].get<int>();

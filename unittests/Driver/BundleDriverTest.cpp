@@ -143,12 +143,22 @@ TEST_CASE("the manifest describes each state through its encoding") {
   CHECK(info.states[0].name == "exp_avg");
   CHECK(info.states[0].kind == abi::StateKind::Quantized);
   CHECK(info.states[0].storage == abi::DType::I8);
+  // The bounded numerics' minifloat codes (docs/NUMERICS.md §2d).
   CHECK(info.states[0].compand == "softsign");
-  CHECK(info.states[0].scale == abi::DType::F16);
+  CHECK(info.states[0].scale == abi::DType::BF16);
   CHECK(info.states[0].group == 32);
   CHECK(info.states[1].kind == abi::StateKind::Quantized);
   CHECK(info.states[1].storage == abi::DType::U8);
-  CHECK(info.states[1].compand == "sqrt");
+  CHECK(info.states[1].compand == "e4m4");
+  CHECK(info.states[1].scale == abi::DType::BF16);
+  // FlashOptim's numerics keep its softsign and sqrt codes with f16 scales.
+  auto flash = driver::buildBundle(
+      loadSpec(c.ctx, "adamw_bf16_m24_flashoptim"), {}, options);
+  REQUIRE_MESSAGE(static_cast<bool>(flash), errorMessage(flash.takeError()));
+  CHECK(flash->manifest.states[0].compand == "softsign");
+  CHECK(flash->manifest.states[0].scale == abi::DType::F16);
+  CHECK(flash->manifest.states[1].compand == "sqrt");
+  CHECK(flash->manifest.states[1].scale == abi::DType::F16);
   std::vector<std::string> bufferNames;
   for (const abi::BufferSpec &b : info.buffers)
     bufferNames.push_back(b.name);

@@ -34,6 +34,9 @@ std::vector<std::string> shippedSpecs() {
   std::vector<std::string> out;
   const char *s = std::getenv("FLASHOPT_SOURCE_DIR");
   fs::path dir = fs::path(s ? s : FLASHOPT_SOURCE_DIR_DEFAULT) / "specs";
+  // A folder of variants (test/specs/<folder>) with FLASHOPT_KERNELS_DIR.
+  if (const char *v = std::getenv("FLASHOPT_SPECS_DIR"))
+    dir = v;
   for (auto &e : fs::directory_iterator(dir))
     if (e.path().extension() == ".json")
       out.push_back(e.path().stem().string());

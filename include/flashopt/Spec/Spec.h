@@ -109,8 +109,10 @@ const char *spelling(NumericsMode v) noexcept;
 /// F16), or not at all (None: the state is elided).
 enum class Storage { I8, UI8, F32, BF16, F16, None };
 
-/// The companding function of a quantized state (docs/NUMERICS.md §2).
-enum class Compand { None, Softsign, Sqrt };
+/// The companding function of a quantized state (docs/NUMERICS.md §2): the
+/// linear codes of FlashOptim (None, Softsign, Sqrt) or the minifloat codes
+/// (E3M4: signed, E4M4: unsigned; §2d).
+enum class Compand { None, Softsign, Sqrt, E3M4, E4M4 };
 
 /// How the "states" member was written.
 enum class StatesForm {
@@ -133,7 +135,8 @@ const char *spelling(Correction v) noexcept;
 /// The spelling used in spec files ("i8", "ui8", "f32", "bf16", "f16",
 /// "none").
 const char *spelling(Storage v) noexcept;
-/// The spelling used in spec files ("none", "softsign", "sqrt").
+/// The spelling used in spec files ("none", "softsign", "sqrt", "e3m4",
+/// "e4m4").
 const char *spelling(Compand v) noexcept;
 
 /// Parses a dtype spelling; nullopt if it is not one.

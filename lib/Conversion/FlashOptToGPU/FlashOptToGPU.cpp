@@ -93,12 +93,17 @@ LaneChoice chooseLanes(KernelOp kernel, int64_t heavyBudget,
     if (isa<arith::DivFOp, math::SqrtOp>(op))
       ++heavy;
   });
+  int64_t quantizedStates = 0;
+  getGroupBody(kernel).walk([&](StoreGroupOp) { ++quantizedStates; });
   LaneChoice c;
-  // The Adam family (5 or more such operations per element) takes the wide
-  // cap even where W x heavy fits the budget: with f32 parameters (W = 4)
-  // it spilled 8-36 bytes at 64 registers (adamw_f32 with the bounded
+  // The Adam family (5 or more such operations per element, or two
+  // quantized states: the minifloat codes of docs/NUMERICS.md §2d leave
+  // Adam 4 divisions and roots, yet its two encodes in flight spilled
+  // 100-180 bytes at 64 registers on sm_80 and sm_90) takes the wide cap
+  // even where W x heavy fits the budget: with f32 parameters (W = 4) it
+  // spilled 8-36 bytes at 64 registers (adamw_f32 with the bounded
   // numerics' dither on sm_90; adam(w)_f32_fast on every chip).
-  bool adamFamily = heavy >= kWideAtLeast;
+  bool adamFamily = heavy >= kWideAtLeast || quantizedStates >= 2;
   if (elementsPerThread(kernel, c.bytes) * heavy <= heavyBudget &&
       !(adamFamily && wideBudget > 0))
     return c;
@@ -201,10 +206,10 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
   // scalars), when they are carried: computed once per table record and
   // lane, not once per group.
   bool carry = carryPrologue(kernel);
-  // With carried prologue values, the record-uniform part of the dither's
-  // hash (docs/NUMERICS.md §8), element offset * A + step * B, is carried
-  // too: computed once per record, it leaves one multiply-add per worker
-  // in place of the offset's load and three integer operations.
+  // With carried prologue values, the record-uniform part of the dither
+  // (docs/NUMERICS.md §8), element offset * A + H(step), is carried too:
+  // computed once per record, it leaves one multiply-add per worker in place
+  // of the offset's load and the step's hash.
   Value ditherStep;
   bool carryDither = false;
   if (carry && usesElementOffset(kernel)) {
@@ -350,12 +355,12 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
           tb, loc, i32, word(::flashopt::abi::kRecordElementOffset));
       Value stepI32 = arith::TruncIOp::create(
           tb, loc, i32, mapping.lookupOrDefault(ditherStep));
+      Value stepWord = DitherOp::emitStepWord(tb, loc, stepI32);
       results.push_back(arith::AddIOp::create(
           tb, loc,
           arith::MulIOp::create(tb, loc, offset,
                                 c32(DitherOp::kElementMultiplier)),
-          arith::MulIOp::create(tb, loc, stepI32,
-                                c32(DitherOp::kStepMultiplier))));
+          stepWord));
     }
     scf::YieldOp::create(tb, loc, results);
   }

@@ -192,11 +192,11 @@ void GroupBodyEmitter::emitGuarded(GuardedOp g) {
 }
 
 /// The dither of each of the worker's elements (docs/NUMERICS.md §8):
-/// h = i * A + t * B in 32-bit arithmetic, i the element's index in its
-/// tensor (the record's element offset plus the index in the record), as
-/// one scalar per worker plus a constant vector of lane * A; then the f32
-/// with bits (h >> 9) + 0x3F800000 (A and B are multiples of 2^18, so
-/// the add is an or), minus the offset.
+/// h = i * A + H(t) + phase in 32-bit arithmetic (each term a multiple of
+/// 2^18), i the element's index in its tensor (the record's element offset
+/// plus the index in the record), as one scalar per worker plus a constant
+/// vector of lane * A; then (f32) the float with bits (h >> 9) + 0x3F800000
+/// (an or), minus the offset, or (i32) h.
 void GroupBodyEmitter::emitDither(DitherOp op) {
   Location loc = op.getLoc();
   Type i32 = b.getI32Type();
@@ -218,11 +218,15 @@ void GroupBodyEmitter::emitDither(DitherOp op) {
           b, loc, first,
           arith::TruncIOp::create(b, loc, i32, env.elementOffset));
     Value step = arith::TruncIOp::create(b, loc, i32, scalarOf(op.getStep()));
+    Value stepWord = DitherOp::emitStepWord(b, loc, step);
     h0 = arith::AddIOp::create(
         b, loc,
         arith::MulIOp::create(b, loc, first, c32(DitherOp::kElementMultiplier)),
-        arith::MulIOp::create(b, loc, step, c32(DitherOp::kStepMultiplier)));
+        stepWord);
   }
+  // The state's phase, per worker (it folds into the record-uniform part).
+  if (uint32_t phase = op.getPhaseWord())
+    h0 = arith::AddIOp::create(b, loc, h0, c32(phase));
   SmallVector<int32_t> laneTerms;
   for (int64_t lane = 0; lane < env.width; ++lane)
     laneTerms.push_back(int32_t(uint32_t(lane) * DitherOp::kElementMultiplier));
@@ -230,6 +234,10 @@ void GroupBodyEmitter::emitDither(DitherOp op) {
       b, loc, vector::BroadcastOp::create(b, loc, vecOf(i32), h0),
       arith::ConstantOp::create(
           b, loc, DenseElementsAttr::get(vecOf(i32), ArrayRef(laneTerms))));
+  if (op.getType().isInteger(32)) { // the word h << 18 itself
+    vectors[op.getResult()] = h;
+    return;
+  }
   auto splat = [&](Attribute a, Type t) {
     return arith::ConstantOp::create(b, loc,
                                      DenseElementsAttr::get(vecOf(t), a));

@@ -149,7 +149,10 @@ std::map<std::string, std::string> metadataOf(OptObj &o, const Image &img,
   for (int g = 0; g < o.opt->num_param_groups(); ++g) {
     json obj = json::object();
     for (size_t h = 0; h < H; ++h)
-      obj[m.hypers[h].name] = double(table[size_t(g) * H + h]);
+      obj[m.hypers[h].name] =
+          o.opt->hypers().given(g, h)
+              ? json(double(table[size_t(g) * H + h]))
+              : json(nullptr); // an envelope before its first step
     groups.push_back(obj);
   }
   std::map<std::string, std::string> meta{
@@ -160,6 +163,7 @@ std::map<std::string, std::string> metadataOf(OptObj &o, const Image &img,
       {"spec_hash", m.spec_hash},
       {"rule", m.rule},
       {"numerics", m.numerics},
+      {"numerics_revision", numericsRevision(m.numerics)},
       {"checkpoint", f32 ? "f32" : "compressed"},
       {"step", std::to_string(o.trainer->step_count())},
       {"skipped_steps", std::to_string(o.trainer->skipped_steps())},

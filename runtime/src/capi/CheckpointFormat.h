@@ -26,6 +26,13 @@ namespace flashopt::capi {
 
 /// __metadata__ "format" of a flashopt checkpoint.
 constexpr const char *kCheckpointFormat = "flashopt.checkpoint";
+/// The revision of a numerics whose codes changed (__metadata__
+/// "numerics_revision"): the bounded numerics' second, the minifloat codes
+/// of docs/NUMERICS.md §2d and §8 (the first, with FlashOptim's linear
+/// codes, wrote no key); "1" for FlashOptim's, which never change.
+inline const char *numericsRevision(const std::string &numerics) {
+  return numerics == "bounded" ? "2" : "1";
+}
 /// The __metadata__ key holding metadataChecksum of all the others.
 constexpr const char *kMetadataChecksumKey = "metadata_checksum";
 

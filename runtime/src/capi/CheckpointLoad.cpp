@@ -40,7 +40,7 @@ struct Plan {
   std::vector<Expect> tensors;
   std::vector<int64_t> steps; ///< [parameter] its step counter
   int64_t step = 0, skipped = 0;
-  std::vector<std::vector<float>> hypers; ///< [group][hyper]
+  std::vector<std::vector<std::optional<float>>> hypers; ///< [group][hyper]
 };
 
 //===----------------------------------------------------------------------===//
@@ -124,6 +124,20 @@ bool checkHeader(const OptObj &o, const Metadata &meta,
              "); nothing was loaded. Load it into an optimizer with the "
              "same numerics, or move the run through its fp32 master "
              "weights and states");
+  // The bounded numerics' first revision (FlashOptim's linear codes,
+  // dithered in time; no numerics_revision key) stored other codes.
+  const std::string revision = meta.count("numerics_revision")
+                                   ? metaOr(meta, "numerics_revision")
+                                   : std::string("1");
+  if (revision != numericsRevision(numerics))
+    fail(FLASHOPT_ERROR_MISMATCH,
+         file + ": checkpoint written with revision " + quote(revision) +
+             " of the " + quote(numerics) +
+             " numerics, but this library writes and reads revision " +
+             quote(numericsRevision(numerics)) +
+             " (minifloat state codes, docs/NUMERICS.md §8); nothing was "
+             "loaded. Move the run through its fp32 master weights and states "
+             "(a state dict's fp32 states load as a conversion)");
   if (metaOr(meta, "spec") != m.name ||
       metaOr(meta, "spec_hash") != m.spec_hash)
     fail(FLASHOPT_ERROR_MISMATCH,
@@ -223,9 +237,10 @@ std::vector<int64_t> checkParams(const OptObj &o, const Metadata &meta,
 }
 
 /// __metadata__ 'param_groups': as many groups as here, each with a finite
-/// value of every hyper-parameter of the spec (and no other), elided
-/// states' hypers at 0. Returns the values.
-std::vector<std::vector<float>>
+/// value of every hyper-parameter of the spec (and no other; null for an
+/// envelope that no step has set yet), elided states' hypers at 0. Returns
+/// the values.
+std::vector<std::vector<std::optional<float>>>
 checkGroups(const OptObj &o, const Metadata &meta, const std::string &file) {
   const Manifest &m = *o.m;
   json groups = parseJson(meta, "param_groups", file);
@@ -237,14 +252,18 @@ checkGroups(const OptObj &o, const Metadata &meta, const std::string &file) {
          file + ": the checkpoint has " + std::to_string(groups.size()) +
              " param groups, this optimizer " +
              std::to_string(o.opt->num_param_groups()));
-  std::vector<std::vector<float>> values;
+  std::vector<std::vector<std::optional<float>>> values;
   for (size_t g = 0; g < groups.size(); ++g) {
     const json &obj = groups[g];
     const std::string where = file + ": param group " + std::to_string(g);
     if (!obj.is_object())
       fail(FLASHOPT_ERROR_FORMAT, where + " is not an object");
-    std::vector<float> vals;
+    std::vector<std::optional<float>> vals;
     for (const HyperSpec &h : m.hypers) {
+      if (h.is_envelope() && obj.contains(h.name) && obj[h.name].is_null()) {
+        vals.push_back(std::nullopt);
+        continue;
+      }
       if (!obj.contains(h.name) || !obj[h.name].is_number())
         fail(FLASHOPT_ERROR_FORMAT, where + " has no number " + quote(h.name));
       float v = float(obj[h.name].get<double>());
@@ -395,7 +414,8 @@ void apply(OptObj &o, const safetensors::File &f, const Plan &p) {
   }
   for (size_t g = 0; g < p.hypers.size(); ++g)
     for (size_t h = 0; h < m.hypers.size(); ++h)
-      if (Status s = o.opt->set_hyper(int(g), m.hypers[h].name, p.hypers[g][h]);
+      if (Status s =
+              o.opt->restore_hyper(int(g), m.hypers[h].name, p.hypers[g][h]);
           !s)
         fail(FLASHOPT_ERROR_INTERNAL, s.message());
   o.trainer->restore(p.steps, p.step, p.skipped);

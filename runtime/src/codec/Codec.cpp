@@ -19,6 +19,7 @@
 
 #include "Codec.h"
 
+#include "flashopt/abi/Minifloat.h"
 #include "flashopt/host/Float16.h"
 
 #include <algorithm>
@@ -132,7 +133,7 @@ void encodeOne(float theta, DType p, DType c, uint16_t *narrowOut,
   *rhoOut = int32_t(rho); // exact: |rho| <= N
 }
 
-enum class Compand { None, Softsign, Sqrt };
+enum class Compand { None, Softsign, Sqrt, Minifloat };
 
 bool parseCompand(std::string_view s, Compand *out) {
   if (s == "none")
@@ -141,9 +142,52 @@ bool parseCompand(std::string_view s, Compand *out) {
     *out = Compand::Softsign;
   else if (s == "sqrt")
     *out = Compand::Sqrt;
+  else if (abi::minifloat_format(s))
+    *out = Compand::Minifloat;
   else
     return false;
   return true;
+}
+
+/// The f32 value of a minifloat code (§2d): sign · V(|c|).
+float minifloatValue(const abi::MinifloatFormat &f, int32_t c) {
+  const int32_t mag = c < 0 ? -c : c;
+  float v = float(f.value(0));
+  if (f.subnormals && mag != 0)
+    v = float(mag) * float(f.value(1));
+  if (mag >= f.firstNormalCode())
+    v = f32_from_bits(uint32_t(mag + f.exponentBias())
+                      << (23 - f.mantissaBits));
+  return c < 0 ? -v : v;
+}
+
+/// The scale a minifloat group stores for its absmax `a` (§2d): the least
+/// power of two 2^E with 2^E * V_top >= a, E in the scale type's normal
+/// exponents and at most emax + 22; +inf and NaN as they are. `*e` is E.
+float minifloatScale(const abi::MinifloatFormat &f, float a, DType t, int *e) {
+  auto [lo, hi] = f.scaleExponentRange(t == DType::F16 ? -14 : -126,
+                                       t == DType::F16 ? 15 : 127);
+  const float top = float(f.topValue());
+  int k = lo;
+  while (k < hi && !(std::ldexp(top, k) >= a)) // +inf and NaN: hi
+    ++k;
+  *e = k;
+  if (std::isnan(a) || std::isinf(a))
+    return a;
+  return std::ldexp(1.0f, k);
+}
+
+/// The code of x against a scale 2^E (§2d): |x| * 2^(emax - 127 - E), whose
+/// bits plus the dither word's part moved to the code's last place, shifted
+/// down to the code's place (at most top), with x's sign for signed codes.
+/// `word` is h << 18 (2^31 rounds half up).
+int32_t minifloatCode(const abi::MinifloatFormat &f, float x, int e,
+                      uint32_t word) {
+  const float r = std::fabs(x) * std::ldexp(1.0f, f.emax() - 127 - e);
+  const int shift = 23 - f.mantissaBits;
+  uint32_t q = (f32_bits(r) + (word >> (32 - shift))) >> shift;
+  q = std::min<uint32_t>(q, uint32_t(f.topCode()));
+  return f.isSigned && x < 0.0f ? -int32_t(q) : int32_t(q);
 }
 
 float loadScale(const void *scales, DType t, int64_t g) {
@@ -178,6 +222,9 @@ bool valid_master_encoding(DType param_dtype,
 bool valid_quant_encoding(DType code_dtype, DType scale_dtype,
                           std::string_view compand, int64_t group) {
   Compand c;
+  if (auto f = abi::minifloat_format(compand)) // its signedness is its own
+    if (f->isSigned != (code_dtype == DType::I8))
+      return false;
   return (code_dtype == DType::I8 || code_dtype == DType::U8) &&
          isFloat(scale_dtype) && parseCompand(compand, &c) && group > 0;
 }
@@ -276,6 +323,20 @@ void dequantize(const void *codes, DType code_dtype, const void *scales,
   }
   const bool isSigned = code_dtype == DType::I8;
   const float nMax = isSigned ? 127.0f : 255.0f;
+  if (c == Compand::Minifloat) {
+    const abi::MinifloatFormat f = *abi::minifloat_format(compand);
+    for (int64_t g0 = 0, gi = 0; g0 < n; g0 += group, ++gi) {
+      const int64_t end = n - g0 < group ? n : g0 + group;
+      const float scale = loadScale(scales, scale_dtype, gi);
+      for (int64_t i = g0; i < end; ++i) {
+        const int32_t q = isSigned
+                              ? int32_t(static_cast<const int8_t *>(codes)[i])
+                              : int32_t(static_cast<const uint8_t *>(codes)[i]);
+        out[i] = minifloatValue(f, q) * scale;
+      }
+    }
+    return;
+  }
   for (int64_t g0 = 0, gi = 0; g0 < n; g0 += group, ++gi) {
     const int64_t end = n - g0 < group ? n : g0 + group;
     const float scale = loadScale(scales, scale_dtype, gi);
@@ -309,6 +370,32 @@ void quantize(const float *in, int64_t n, int64_t group,
   if (!valid)
     return;
   const bool isSigned = code_dtype == DType::I8;
+  if (c == Compand::Minifloat) {
+    // Rounded to nearest (one half: the dither word 2^31), as the FlashOptim
+    // numerics round; the kernels' bounded numerics dither instead.
+    // Values that a group's codes decoded to (the f32 form of a checkpoint
+    // or a state dict) encode back to the same values: the grid of a
+    // minifloat times a power of two is the same at every power of two, so
+    // a scale chosen from the decoded absmax reproduces them.
+    const abi::MinifloatFormat f = *abi::minifloat_format(compand);
+    for (int64_t g0 = 0, gi = 0; g0 < n; g0 += group, ++gi) {
+      const int64_t end = n - g0 < group ? n : g0 + group;
+      float a = 0.0f;
+      for (int64_t i = g0; i < end; ++i)
+        a = maximumf(a, std::fabs(in[i]));
+      int e = 0;
+      storeScale(scales, scale_dtype, gi,
+                 minifloatScale(f, a, scale_dtype, &e));
+      for (int64_t i = g0; i < end; ++i) {
+        const int32_t code = minifloatCode(f, in[i], e, 0x80000000u);
+        if (isSigned)
+          static_cast<int8_t *>(codes)[i] = int8_t(code);
+        else
+          static_cast<uint8_t *>(codes)[i] = uint8_t(code);
+      }
+    }
+    return;
+  }
   const float nMax = isSigned ? 127.0f : 255.0f;
   const float lo = isSigned ? -127.0f : 0.0f;
   auto compandIn = [&](float x) {

@@ -76,6 +76,11 @@ int Optimizer::num_param_groups() const { return impl_->hypers->num_slots(); }
 Status Optimizer::set_hyper(int slot, std::string_view name, float value) {
   return impl_->hypers->set(slot, name, value);
 }
+void Optimizer::note_hyper_step() { impl_->hypers->note_step(); }
+Status Optimizer::restore_hyper(int slot, std::string_view name,
+                                std::optional<float> value) {
+  return impl_->hypers->restore(slot, name, value);
+}
 Status Optimizer::set_hyper_all(std::string_view name, float value) {
   return impl_->hypers->set_all(name, value);
 }
@@ -306,6 +311,7 @@ Status Optimizer::step() {
     r.group_begin = 0;
     r.group_end = I.totalGroups;
     r.step = t;
+    I.hypers->note_step(); // the envelopes take this step's values
     if (Status s = I.backend->launch(r, I.table, I.tableGeneration, *I.hypers);
         !s)
       return s;
@@ -378,6 +384,8 @@ Status Optimizer::step_tensors(const std::vector<int64_t> &indices, int64_t t,
       r.group_begin = 0;
       r.group_end = end;
     }
+    if (kernel != abi::KernelKind::Accumulate)
+      I.hypers->note_step(); // the envelopes take this step's values
     return I.backend->launch(r, I.table, I.tableGeneration, *I.hypers);
   } catch (const std::exception &e) {
     return Status::error(std::string("step: ") + e.what());

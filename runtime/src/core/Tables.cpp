@@ -67,6 +67,37 @@ Status HyperTable::set(int slot, std::string_view name, float value) {
   Status s = check(slot, name, &h);
   if (!s)
     return s;
+  const HyperSpec &spec = m_->hypers[size_t(h)];
+  if (spec.is_envelope())
+    return Status::error(Code::InvalidArgument,
+                         "hyper-parameter \"" + std::string(name) +
+                             "\" is the running " + spec.envelope + " of \"" +
+                             spec.envelope_of +
+                             "\", kept by the runtime; set \"" +
+                             spec.envelope_of + "\"");
+  return restore(slot, name, value);
+}
+
+Status HyperTable::restore(int slot, std::string_view name,
+                           std::optional<float> maybe) {
+  int h = -1;
+  Status s = check(slot, name, &h);
+  if (!s)
+    return s;
+  if (!maybe) {
+    if (!m_->hypers[size_t(h)].is_envelope())
+      return Status::error(Code::InvalidArgument,
+                           "hyper-parameter \"" + std::string(name) +
+                               "\" needs a value");
+    size_t i = size_t(slot) * m_->hypers.size() + size_t(h);
+    if (given_[i]) {
+      values_[i] = 0.0f;
+      given_[i] = 0;
+      ++generation_;
+    }
+    return Status::success();
+  }
+  const float value = *maybe;
   if (!std::isfinite(value))
     return Status::error("hyper-parameter \"" + std::string(name) +
                          "\" must be finite");
@@ -104,11 +135,34 @@ Expected<float> HyperTable::get(int slot, std::string_view name) const {
   return values_[size_t(slot) * m_->hypers.size() + size_t(h)];
 }
 
+void HyperTable::note_step() {
+  const size_t H = m_->hypers.size();
+  for (size_t h = 0; h < H; ++h) {
+    const HyperSpec &spec = m_->hypers[h];
+    if (!spec.is_envelope())
+      continue;
+    const size_t src = size_t(m_->hyper_index(spec.envelope_of));
+    const bool keepMax = spec.envelope == "max";
+    for (int s = 0; s < slots_; ++s) {
+      const size_t i = size_t(s) * H + h;
+      const float v = values_[size_t(s) * H + src];
+      float next = v;
+      if (given_[i])
+        next = keepMax ? std::max(values_[i], v) : std::min(values_[i], v);
+      if (!given_[i] || std::memcmp(&next, &values_[i], sizeof next) != 0) {
+        values_[i] = next;
+        given_[i] = 1;
+        ++generation_;
+      }
+    }
+  }
+}
+
 Status HyperTable::check_complete() const {
   size_t H = m_->hypers.size();
   for (int s = 0; s < slots_; ++s)
     for (size_t h = 0; h < H; ++h)
-      if (!given_[size_t(s) * H + h])
+      if (!given_[size_t(s) * H + h] && !m_->hypers[h].is_envelope())
         return Status::error(Code::State,
                              "step: hyper-parameter \"" + m_->hypers[h].name +
                              "\" has no default and was never set for param "

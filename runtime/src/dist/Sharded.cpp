@@ -56,14 +56,24 @@ std::pair<int64_t, int64_t> byteRange(const BufferSpec &spec, int64_t G,
   return {r.begin * es, r.end * es};
 }
 
-/// Copies every hyper-parameter value `from` has into `to`.
+/// Copies every hyper-parameter value `from` has into `to`, the envelopes
+/// (docs/NUMERICS.md §8.4) as they are, set or not.
 Status syncHypers(Optimizer &from, Optimizer &to) {
   const Manifest &m = from.manifest();
   while (to.num_param_groups() < from.num_param_groups())
     if (to.add_param_group() < 0)
       return Status::error("out of memory adding a param group");
   for (int g = 0; g < from.num_param_groups(); ++g)
-    for (const auto &h : m.hypers) {
+    for (size_t hi = 0; hi < m.hypers.size(); ++hi) {
+      const auto &h = m.hypers[hi];
+      if (h.is_envelope()) {
+        std::optional<float> v;
+        if (from.hypers().given(g, hi))
+          v = *from.hyper(g, h.name);
+        if (Status s = to.restore_hyper(g, h.name, v); !s)
+          return s;
+        continue;
+      }
       Expected<float> v = from.hyper(g, h.name);
       if (!v)
         continue; // never set and no default: the step says so
@@ -261,6 +271,9 @@ Status DataParallel::step_shards(Optimizer &opt, int64_t t,
                                  abi::KernelKind kernel) {
   try {
     const Manifest &m = opt.manifest();
+    // The full optimizer keeps the envelopes its checkpoints record.
+    if (kernel != abi::KernelKind::Accumulate)
+      opt.note_hyper_step();
     if (Status s = syncHypers(opt, *owner_); !s)
       return s;
     const int64_t pes = dtype_size(m.param);

@@ -1,11 +1,12 @@
 // RUN: flashopt-opt %s --flashopt-to-gpu | FileCheck %s
 
 // flashopt.dither on the GPU (docs/NUMERICS.md §8). With carried prologue
-// values (a flashopt.powi in the prologue), the record-uniform part of the
-// hash, element offset * (12367 << 18) + step * (10125 << 18), is computed in
-// the record lookup (once per record and lane) and carried by the loop; a
-// worker adds its index times 12367 << 18 and no longer reads the offset.
-// Offset 0 gives 1 + u itself: no float add.
+// values (a flashopt.powi in the prologue), the record-uniform part, element
+// offset * (12367 << 18) + (H(step) << 18), is computed in the record lookup
+// (once per record and lane: the step's hash x ^= x >> 16, x *= 0x21F0AAAD,
+// x ^= x >> 15, x *= 0x735A2D97, x ^= x >> 15, its top 14 bits) and carried
+// by the loop; a worker adds its index times 12367 << 18 and no longer reads
+// the offset. Offset 0 gives 1 + u itself: no float add.
 // CHECK-LABEL: gpu.func @carried(
 // CHECK: scf.for {{.*}} iter_args(
 // CHECK: scf.if %{{.*}} -> (
@@ -13,8 +14,14 @@
 // CHECK: %[[OFF:.*]] = flashopt.raw_load %{{.*}}[%[[OFFW]]] {alignment = 8 : i64} : i64
 // CHECK-DAG: %[[OFF32:.*]] = arith.trunci %[[OFF]] : i64 to i32
 // CHECK-DAG: %[[T32:.*]] = arith.trunci %{{.*}} : i64 to i32
-// CHECK-DAG: %[[OM:.*]] = arith.muli %[[OFF32]], %{{.*}}-1053032448{{.*}} : i32
-// CHECK-DAG: %[[TM:.*]] = arith.muli %[[T32]], %{{.*}}-1640759296{{.*}} : i32
+// CHECK: %[[X1:.*]] = arith.shrui %[[T32]], %{{.*}} : i32
+// CHECK: %[[X2:.*]] = arith.xori %[[T32]], %[[X1]] : i32
+// CHECK: %[[X3:.*]] = arith.muli %[[X2]], %{{.*}}569420461{{.*}} : i32
+// CHECK: arith.xori
+// CHECK: arith.muli %{{.*}}, %{{.*}}1935289751{{.*}} : i32
+// CHECK: %[[X6:.*]] = arith.xori
+// CHECK: %[[TM:.*]] = arith.andi %[[X6]], %{{.*}}-262144{{.*}} : i32
+// CHECK: %[[OM:.*]] = arith.muli %[[OFF32]], %{{.*}}-1053032448{{.*}} : i32
 // CHECK: %[[BASE:.*]] = arith.addi %[[OM]], %[[TM]] : i32
 // CHECK: scf.yield {{.*}}, %[[BASE]] : {{.*}}i32
 // CHECK: } else {
@@ -42,7 +49,7 @@ flashopt.kernel @carried group_size(32) buffers([#flashopt.buffer<"param", f32, 
   }
 }
 
-// Without carried values the worker reads the offset and multiplies the step
+// Without carried values the worker reads the offset and hashes the step
 // itself, as on the CPU.
 // CHECK-LABEL: gpu.func @recomputed(
 // CHECK: %[[W3:.*]] = arith.addi %{{.*}}, %c3 : index

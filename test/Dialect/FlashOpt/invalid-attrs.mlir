@@ -87,6 +87,39 @@ flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
 
 // -----
 
+// The minifloat codes (docs/NUMERICS.md §2d): e3m4 is a sign and 7 bits.
+flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
+  // expected-error @+1 {{e3m4 compander needs signed (i8) storage}}
+  flashopt.state "m" : #flashopt.quant<ui8, group = 32, compand = e3m4, scale = bf16>
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    flashopt.yield %theta, %m : f32, f32
+  }
+}
+
+// -----
+
+// e4m4 is 8 bits of a non-negative state.
+flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
+  // expected-error @+1 {{e4m4 compander needs unsigned (ui8) storage}}
+  flashopt.state "v" : #flashopt.quant<i8, group = 32, compand = e4m4, scale = bf16>
+  flashopt.update(%theta: f32, %g: f32, %v: f32) {
+    flashopt.yield %theta, %v : f32, f32
+  }
+}
+
+// -----
+
+flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
+  // expected-error @+2 {{expected ::mlir::flashopt::Compander to be one of: none, softsign, sqrt, e3m4, e4m4}}
+  // expected-error @+1 {{failed to parse FlashOpt_QuantAttr parameter 'compand'}}
+  flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = e4m3, scale = bf16>
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    flashopt.yield %theta, %m : f32, f32
+  }
+}
+
+// -----
+
 flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
   // expected-error @+1 {{plain storage must be f32, bf16 or f16, got i8}}
   flashopt.state "m" : #flashopt.plain<i8>

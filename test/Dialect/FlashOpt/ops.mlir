@@ -18,13 +18,17 @@ flashopt.optimizer @adam_like param(#flashopt.master<bf16, correction = i8>) gra
   flashopt.state "v" : #flashopt.quant<ui8, group = 32, compand = sqrt, scale = bf16>
   // CHECK: flashopt.state "w" : #flashopt.plain<f16>
   flashopt.state "w" : #flashopt.plain<f16>
-  // CHECK: flashopt.update(%theta: f32, %grad: f32, %m: f32, %v: f32, %w: f32) {
-  flashopt.update(%theta: f32, %g: f32, %m: f32, %v: f32, %w: f32) {
+  // CHECK: flashopt.state "m2" : #flashopt.quant<i8, group = 32, compand = e3m4, scale = bf16>
+  flashopt.state "m2" : #flashopt.quant<i8, group = 32, compand = e3m4, scale = bf16>
+  // CHECK: flashopt.state "v2" : #flashopt.quant<ui8, group = 32, compand = e4m4, scale = f32>
+  flashopt.state "v2" : #flashopt.quant<ui8, group = 32, compand = e4m4, scale = f32>
+  // CHECK: flashopt.update(%theta: f32, %grad: f32, %m: f32, %v: f32, %w: f32, %m2: f32, %v2: f32) {
+  flashopt.update(%theta: f32, %g: f32, %m: f32, %v: f32, %w: f32, %m2: f32, %v2: f32) {
     // CHECK: arith.mulf %grad, %lr : f32
     %d = arith.mulf %g, %lr : f32
     %n = arith.subf %theta, %d : f32
-    // CHECK: flashopt.yield %{{.*}}, %m, %v, %w : f32, f32, f32, f32
-    flashopt.yield %n, %m, %v, %w : f32, f32, f32, f32
+    // CHECK: flashopt.yield %{{.*}}, %m, %v, %w, %m2, %v2 : f32, f32, f32, f32, f32, f32
+    flashopt.yield %n, %m, %v, %w, %m2, %v2 : f32, f32, f32, f32, f32, f32
   }
 }
 

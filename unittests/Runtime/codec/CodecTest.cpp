@@ -529,6 +529,8 @@ ref::QuantEncoding toRef(const QuantConfig &c) {
   e.isSigned = c.code == DType::I8;
   e.compand = c.compand == "softsign" ? ref::Compand::Softsign
               : c.compand == "sqrt"   ? ref::Compand::Sqrt
+              : c.compand == "e3m4"   ? ref::Compand::E3M4
+              : c.compand == "e4m4"   ? ref::Compand::E4M4
                                       : ref::Compand::None;
   e.scale = toRef(c.scale);
   e.group = int(c.group);
@@ -541,6 +543,12 @@ std::vector<QuantConfig> allQuantConfigs() {
     for (DType code : {DType::I8, DType::U8})
       for (DType scale : {DType::F16, DType::BF16, DType::F32})
         v.push_back({cp, code, scale, 32});
+  // The minifloat codes (docs/NUMERICS.md §2d), each with its own
+  // signedness.
+  for (DType scale : {DType::F16, DType::BF16, DType::F32}) {
+    v.push_back({"e3m4", DType::I8, scale, 32});
+    v.push_back({"e4m4", DType::U8, scale, 32});
+  }
   return v;
 }
 
@@ -608,7 +616,7 @@ std::vector<float> quantData(int64_t n, const QuantConfig &c, uint32_t seed) {
       v = v * 1e-6f; // small scales: f16 subnormal range
     if (g % 13 == 6)
       v = 0.0f; // an all-zero group
-    if (c.compand == "sqrt")
+    if (c.compand == "sqrt" || c.compand == "e4m4")
       v = v * v;
     x[size_t(i)] = v;
   }
@@ -664,7 +672,7 @@ TEST_CASE("quantize / dequantize: every config and size matches the "
     }
     ++configs;
   }
-  CHECK(configs == 18);
+  CHECK(configs == 24);
   // Other group sizes, including a non-power of two.
   for (int64_t G : {16, 128, 7})
     for (const QuantConfig &c0 : allQuantConfigs()) {
@@ -857,4 +865,31 @@ TEST_CASE("quantize: a tail group is computed from its valid elements only") {
   CHECK(q.code(32, DType::I8) == -127);
   std::vector<float> d = dequantizeAll(q, c);
   CHECK(d[32] == -0.25f);
+}
+
+TEST_CASE("minifloat codes: decoded values encode back to themselves") {
+  // docs/NUMERICS.md §2d: the grid of a minifloat times a power of two is the
+  // same at every power of two, so the f32 form of a state (a checkpoint's,
+  // a state dict's) loads back bit for bit, whichever code the group's
+  // largest value had.
+  for (const QuantConfig &c : allQuantConfigs()) {
+    if (c.compand != "e3m4" && c.compand != "e4m4")
+      continue;
+    CAPTURE(c.compand);
+    CAPTURE(name(c.scale));
+    std::vector<float> x = quantData(4097, c, 17);
+    Quantized q = quantizeAll(x, c);
+    std::vector<float> d = dequantizeAll(q, c);
+    Quantized q2 = quantizeAll(d, c);
+    std::vector<float> d2 = dequantizeAll(q2, c);
+    int64_t differ = 0;
+    for (size_t i = 0; i < d.size(); ++i)
+      differ += !sameFloat(d[i], d2[i]);
+    CHECK(differ == 0);
+  }
+  // A code's signedness is the format's: e3m4 in u8 or e4m4 in i8 is no
+  // encoding.
+  CHECK_FALSE(codec::valid_quant_encoding(DType::U8, DType::BF16, "e3m4", 32));
+  CHECK_FALSE(codec::valid_quant_encoding(DType::I8, DType::BF16, "e4m4", 32));
+  CHECK(codec::valid_quant_encoding(DType::I8, DType::BF16, "e3m4", 32));
 }

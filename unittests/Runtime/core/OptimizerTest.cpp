@@ -346,3 +346,56 @@ TEST_CASE("add_param validates, and arena growth keeps earlier states") {
   REQUIRE(opt->step().ok());
   CHECK(more[4][0] == 2.0f);
 }
+
+TEST_CASE("envelope hyper-parameters keep the running extremes of theirs") {
+  // Adam's bound reads the betas' extremes over the steps taken
+  // (docs/NUMERICS.md §8.4): columns the table keeps itself.
+  Manifest m;
+  m.name = "envelopes";
+  m.hypers = {{"beta1", 0.9, "", ""},
+              {"beta1_max", std::nullopt, "max", "beta1"},
+              {"beta1_min", std::nullopt, "min", "beta1"}};
+  HyperTable t(m);
+  REQUIRE(t.add_slot() == 0);
+  REQUIRE(t.add_slot() == 1);
+  // No value before the first step, and none is needed.
+  CHECK_FALSE(t.given(0, 1));
+  CHECK(t.check_complete().ok());
+  // They cannot be set.
+  Status s = t.set(0, "beta1_max", 0.5f);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.code() == Code::InvalidArgument);
+  CHECK(s.message().find("running max of \"beta1\"") != std::string::npos);
+  CHECK(s.message().find("set \"beta1\"") != std::string::npos);
+  // The first step takes the value itself, later ones the extremes.
+  t.note_step();
+  CHECK(*t.get(0, "beta1_max") == 0.9f);
+  CHECK(*t.get(0, "beta1_min") == 0.9f);
+  REQUIRE(t.set(0, "beta1", 0.85f).ok());
+  uint64_t g = t.generation();
+  t.note_step();
+  CHECK(t.generation() != g); // the device copy is stale
+  CHECK(*t.get(0, "beta1_max") == 0.9f);
+  CHECK(*t.get(0, "beta1_min") == 0.85f);
+  REQUIRE(t.set(0, "beta1", 0.95f).ok());
+  t.note_step();
+  CHECK(*t.get(0, "beta1_max") == 0.95f);
+  CHECK(*t.get(0, "beta1_min") == 0.85f);
+  // Another slot keeps its own.
+  CHECK(*t.get(1, "beta1_max") == 0.9f);
+  CHECK(*t.get(1, "beta1_min") == 0.9f);
+  // An unchanged step changes nothing.
+  g = t.generation();
+  t.note_step();
+  CHECK(t.generation() == g);
+  // A checkpoint restores them, or their absence before the first step.
+  REQUIRE(t.restore(1, "beta1_max", 0.99f).ok());
+  CHECK(*t.get(1, "beta1_max") == 0.99f);
+  REQUIRE(t.restore(1, "beta1_min", std::nullopt).ok());
+  CHECK_FALSE(t.given(1, 2));
+  t.note_step();
+  CHECK(*t.get(1, "beta1_min") == 0.9f);
+  CHECK(*t.get(1, "beta1_max") == 0.99f);
+  // A plain hyper-parameter always has a value.
+  CHECK_FALSE(t.restore(0, "beta1", std::nullopt).ok());
+}

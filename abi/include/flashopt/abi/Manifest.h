@@ -47,6 +47,14 @@ struct HyperSpec {
   /// says null, in which case every param group must set it before the
   /// first step.
   std::optional<double> default_value;
+  /// An envelope (docs/NUMERICS.md §8.4): the running maximum ("max") or
+  /// minimum ("min") of hyper-parameter `envelope_of` over the steps taken,
+  /// kept by the runtime (it cannot be set and has no default). Both empty
+  /// for a plain hyper-parameter.
+  std::string envelope;
+  std::string envelope_of;
+
+  bool is_envelope() const { return !envelope_of.empty(); }
 };
 
 /// How a state is stored (the manifest's `encoding.kind`).
@@ -56,7 +64,8 @@ enum class StateKind { Quantized, Plain, Elided };
 const char *state_kind_name(StateKind k);
 std::optional<StateKind> parse_state_kind(std::string_view name);
 
-/// The companders of quantized states: "none", "softsign", "sqrt".
+/// The companders of quantized states: "none", "softsign", "sqrt" (linear
+/// codes) and "e3m4", "e4m4" (minifloat codes, abi/Minifloat.h).
 const std::vector<std::string> &known_companders();
 
 struct StateSpec {
@@ -64,7 +73,7 @@ struct StateSpec {
   StateKind kind = StateKind::Plain;
   DType storage = DType::F32; ///< codes (quantized) or values (plain)
   int64_t group = 0;          ///< quantized only
-  std::string compand;        ///< quantized only: none / softsign / sqrt
+  std::string compand;        ///< quantized only: known_companders()
   DType scale = DType::F32;   ///< quantized only
   /// The hyper-parameter that must stay 0 because this state is elided
   /// ("" if none).

@@ -54,6 +54,10 @@ static const CompanderInfo kCompanders[] = {
      nullptr},
     {Compander::sqrt, false, sqrtForward, nullptr, nullptr, sqrtInverse,
      /*nonNegative=*/true},
+    {Compander::e3m4, true, nullptr, nullptr, nullptr, nullptr,
+     /*nonNegative=*/false, /*minifloat=*/true},
+    {Compander::e4m4, false, nullptr, nullptr, nullptr, nullptr,
+     /*nonNegative=*/false, /*minifloat=*/true},
 };
 
 const CompanderInfo &mlir::flashopt::getCompanderInfo(Compander compander) {

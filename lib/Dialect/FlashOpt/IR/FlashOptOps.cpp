@@ -209,6 +209,29 @@ LogicalResult HyperOp::verify() {
     if (!def.getValue().isFinite())
       return emitOpError() << "default value of \"" << getName()
                            << "\" must be finite";
+  if (getEnvelope().has_value() != getEnvelopeOf().has_value())
+    return emitOpError() << "an envelope needs both its extreme and the "
+                            "hyper-parameter it follows";
+  if (!getEnvelopeOf())
+    return success();
+  if (getDefaultValueAttr())
+    return emitOpError() << "envelope \"" << getName()
+                         << "\" has no default (the runtime keeps it)";
+  // The hyper-parameter it follows: declared in the same body, not itself
+  // an envelope.
+  HyperOp source;
+  for (Operation &op : (*this)->getBlock()->getOperations())
+    if (auto h = dyn_cast<HyperOp>(op))
+      if (h.getName() == *getEnvelopeOf())
+        source = h;
+  if (!source)
+    return emitOpError() << "envelope \"" << getName()
+                         << "\" follows \"" << *getEnvelopeOf()
+                         << "\", which is not a hyper-parameter here";
+  if (source.getEnvelopeOf())
+    return emitOpError() << "envelope \"" << getName()
+                         << "\" follows another envelope, \""
+                         << *getEnvelopeOf() << "\"";
   return success();
 }
 

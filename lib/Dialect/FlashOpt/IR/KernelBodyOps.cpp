@@ -157,8 +157,35 @@ LogicalResult RawStoreOp::verify() {
 // DitherOp
 //===----------------------------------------------------------------------===//
 
+Value DitherOp::emitStepWord(OpBuilder &b, Location loc, Value t) {
+  auto c = [&](uint32_t v) {
+    return arith::ConstantOp::create(b, loc, b.getI32IntegerAttr(int32_t(v)))
+        .getResult();
+  };
+  auto xorShift = [&](Value x, uint32_t s) {
+    return arith::XOrIOp::create(b, loc, x,
+                                 arith::ShRUIOp::create(b, loc, x, c(s)))
+        .getResult();
+  };
+  Value x = xorShift(t, 16);
+  x = arith::MulIOp::create(b, loc, x, c(0x21F0AAADu));
+  x = xorShift(x, 15);
+  x = arith::MulIOp::create(b, loc, x, c(0x735A2D97u));
+  x = xorShift(x, 15);
+  return arith::AndIOp::create(b, loc, x, c(0xFFFC0000u));
+}
+
 LogicalResult DitherOp::verify() {
   float offset = getOffset().convertToFloat();
+  if (getPhase() < 0 || getPhase() >= (1 << 14))
+    return emitOpError() << "phase must lie in [0, 2^14), got " << getPhase();
+  if (getType().isInteger(32)) {
+    if (offset != 0.0f)
+      return emitOpError() << "an i32 dither (the word h << 18) takes offset "
+                              "0.0, got "
+                           << offset;
+    return success();
+  }
   if (offset != 1.0f && offset != 1.5f && offset != 0.0f)
     return emitOpError() << "offset must be 1.0 (a dither in [0, 1)), 1.5 "
                             "(one in [-0.5, 0.5)) or 0.0 (one in [1, 2)), got "

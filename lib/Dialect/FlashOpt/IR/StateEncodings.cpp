@@ -63,6 +63,8 @@ Value QuantAttr::emitDecode(OpBuilder &b, Location loc,
   assert(loaded.size() == 2 && "quantized states load codes and a scale");
   Value code = loaded[0], scale = loaded[1];
   const CompanderInfo &compander = getCompanderInfo(getCompand());
+  if (compander.isMinifloat())
+    return emitMinifloatDecode(b, loc, code, scale);
   Value t0 =
       isSigned()
           ? arith::SIToFPOp::create(b, loc, b.getF32Type(), code).getResult()
@@ -80,8 +82,17 @@ Value QuantAttr::emitDecode(OpBuilder &b, Location loc,
 /// Quantizes one element: returns {code as signless i8, the group's scale in
 /// the scale type}.
 SmallVector<Value> QuantAttr::emitEncode(OpBuilder &b, Location loc, Value x,
-                                         Value dither) const {
+                                         Value ditherStep,
+                                         int32_t ditherPhase) const {
   const CompanderInfo &compander = getCompanderInfo(getCompand());
+  if (compander.isMinifloat())
+    return emitMinifloatEncode(b, loc, x, ditherStep, ditherPhase);
+  Value dither;
+  if (ditherStep)
+    dither = DitherOp::create(b, loc, b.getF32Type(), ditherStep,
+                              b.getF32FloatAttr(1.0f),
+                              b.getI32IntegerAttr(ditherPhase))
+                 .getResult();
   Value y = compander.compressValue ? compander.compressValue(b, loc, x) : x;
   Value absY = math::AbsFOp::create(b, loc, y);
   Value amax = GroupMaxOp::create(b, loc, absY);
@@ -141,6 +152,161 @@ void QuantAttr::describeInManifest(::flashopt::abi::StateSpec &state) const {
 }
 
 //===----------------------------------------------------------------------===//
+// QuantAttr with minifloat codes (docs/NUMERICS.md §2d)
+//===----------------------------------------------------------------------===//
+
+::flashopt::abi::MinifloatFormat QuantAttr::getMinifloatFormat() const {
+  std::optional<::flashopt::abi::MinifloatFormat> f =
+      ::flashopt::abi::minifloat_format(stringifyCompander(getCompand()));
+  assert(f && f->isSigned == isSigned() && "not a minifloat compander");
+  return *f;
+}
+
+static Value i32Constant(OpBuilder &b, Location loc, int64_t v) {
+  return arith::ConstantOp::create(b, loc, b.getI32IntegerAttr(int32_t(v)));
+}
+
+/// sign · V(|code|) · scale: the magnitude's bits are (c + bias) << (23 − M)
+/// for a normal code; below the first normal one, c · 2^(1 − emax − M) (a
+/// subnormal) or a constant (flashopt-decode-tables makes the code's part one
+/// table read on the GPU).
+Value QuantAttr::emitMinifloatDecode(OpBuilder &b, Location loc, Value code,
+                                     Value scale) const {
+  ::flashopt::abi::MinifloatFormat fmt = getMinifloatFormat();
+  Type i32 = b.getI32Type(), f32 = b.getF32Type();
+  Value c = fmt.isSigned
+                ? arith::ExtSIOp::create(b, loc, i32, code).getResult()
+                : arith::ExtUIOp::create(b, loc, i32, code).getResult();
+  Value mag = c;
+  if (fmt.isSigned)
+    mag = math::AbsIOp::create(b, loc, c);
+  Value bits = arith::ShLIOp::create(
+      b, loc,
+      arith::AddIOp::create(b, loc, mag,
+                            i32Constant(b, loc, fmt.exponentBias())),
+      i32Constant(b, loc, 23 - fmt.mantissaBits));
+  Value normal = arith::BitcastOp::create(b, loc, f32, bits);
+  Value isNormal =
+      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::sge, mag,
+                            i32Constant(b, loc, fmt.firstNormalCode()));
+  Value low = f32Constant(b, loc, fmt.value(0));
+  if (fmt.subnormals) {
+    Value sub = arith::MulFOp::create(
+        b, loc, arith::SIToFPOp::create(b, loc, f32, mag),
+        f32Constant(b, loc, fmt.value(1)));
+    // Zero-free unsigned codes: code 0 is half the smallest subnormal.
+    if (fmt.value(0) != 0.0)
+      sub = arith::SelectOp::create(
+          b, loc,
+          arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, mag,
+                                i32Constant(b, loc, 0)),
+          low, sub);
+    low = sub;
+  }
+  Value v = arith::SelectOp::create(b, loc, isNormal, normal, low);
+  if (fmt.isSigned) {
+    Value neg = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::slt, c,
+                                      i32Constant(b, loc, 0));
+    v = arith::SelectOp::create(b, loc, neg, arith::NegFOp::create(b, loc, v),
+                                v);
+  }
+  return arith::MulFOp::create(b, loc, v, emitWidenToF32(b, loc, scale));
+}
+
+/// The group's scale, the least power of two s with s·V_top ≥ absmax (within
+/// the scale type's normal range and 2^(emax + 22); +inf and NaN kept), and
+/// each element's code against it: r = |x| · 2^(emax − 127) / s, which puts
+/// the code's exponent in r's f32 exponent field (the code's subnormals in
+/// f32's), whose bits plus the dither word moved to the code's last place,
+/// shifted down to the code's place, are the code (at most top); signed codes
+/// take x's sign (docs/NUMERICS.md §2d).
+SmallVector<Value> QuantAttr::emitMinifloatEncode(OpBuilder &b, Location loc,
+                                                  Value x, Value ditherStep,
+                                                  int32_t ditherPhase) const {
+  ::flashopt::abi::MinifloatFormat fmt = getMinifloatFormat();
+  Type i32 = b.getI32Type(), f32 = b.getF32Type();
+  auto scaleType = cast<FloatType>(getScale());
+  Value absX = math::AbsFOp::create(b, loc, x);
+  Value amax = GroupMaxOp::create(b, loc, absX);
+  // +inf and NaN absmaxes are stored as they are (docs/NUMERICS.md §5); the
+  // codes of their group are taken against the largest scale (a NaN's bits
+  // differ by back end, so it is +inf here).
+  Value nonFinite =
+      arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UGE, amax,
+                            f32Constant(b, loc, INFINITY));
+  Value finiteMax = arith::SelectOp::create(
+      b, loc, nonFinite, f32Constant(b, loc, INFINITY), amax);
+  // The least power of two at least a / V_top: a's bits plus what the
+  // mantissa lacks to 1 + (the top's mantissa), exponent kept.
+  Value aBits = arith::BitcastOp::create(b, loc, i32, finiteMax);
+  Value ru = arith::AndIOp::create(
+      b, loc,
+      arith::AddIOp::create(b, loc, aBits,
+                            i32Constant(b, loc, fmt.scaleRoundUpAddend())),
+      i32Constant(b, loc, int64_t(int32_t(0xFF800000u))));
+  auto [minExp, maxExp] = fmt.scaleExponentRange(
+      scaleType.isF16() ? -14 : -126, scaleType.isF16() ? 15 : 127);
+  Value s = arith::MinimumFOp::create(
+      b, loc,
+      arith::MaximumFOp::create(b, loc,
+                                arith::BitcastOp::create(b, loc, f32, ru),
+                                f32Constant(b, loc, std::ldexp(1.0, minExp))),
+      f32Constant(b, loc, std::ldexp(1.0, maxExp)));
+  // 2^(emax − 127 − E) for s = 2^E: an f32 normal (exponent field emax +
+  // 127 − s's) or subnormal (1 << (22 + that field)).
+  Value sField = arith::ShRUIOp::create(
+      b, loc, arith::BitcastOp::create(b, loc, i32, s), i32Constant(b, loc, 23));
+  Value kField = arith::SubIOp::create(
+      b, loc, i32Constant(b, loc, fmt.emax() + 127), sField);
+  Value kNormal =
+      arith::ShLIOp::create(b, loc, kField, i32Constant(b, loc, 23));
+  Value kBits = kNormal;
+  if (maxExp > fmt.emax() - 1) {
+    Value kSub = arith::ShLIOp::create(
+        b, loc, i32Constant(b, loc, 1),
+        arith::MaxSIOp::create(
+            b, loc,
+            arith::AddIOp::create(b, loc, kField, i32Constant(b, loc, 22)),
+            i32Constant(b, loc, 0)));
+    Value isNormal = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::sge,
+                                           kField, i32Constant(b, loc, 1));
+    kBits = arith::SelectOp::create(b, loc, isNormal, kNormal, kSub);
+  }
+  Value k = arith::BitcastOp::create(b, loc, f32, kBits);
+  Value stored32 = arith::SelectOp::create(b, loc, nonFinite, amax, s);
+  Value stored = emitNarrowFromF32(b, loc, stored32, scaleType);
+  Value r = arith::MulFOp::create(b, loc, absX, k);
+  // The dither word h << 18 (h in the top 14 bits) moved to the code's last
+  // place: (h << 18) >> (9 + M) = h << (9 - M), the fraction of a code in
+  // units of 2^-(23 - M); without a dither (FlashOptim numerics) one half.
+  int shift = 23 - fmt.mantissaBits;
+  Value word =
+      ditherStep
+          ? DitherOp::create(b, loc, i32, ditherStep, b.getF32FloatAttr(0.0f),
+                             b.getI32IntegerAttr(ditherPhase))
+                .getResult()
+          : i32Constant(b, loc, int64_t(1) << 31);
+  Value add = arith::ShRUIOp::create(b, loc, word,
+                                     i32Constant(b, loc, 32 - shift));
+  Value rbits = arith::BitcastOp::create(b, loc, i32, r);
+  Value rounded = arith::ShRUIOp::create(
+      b, loc, arith::AddIOp::create(b, loc, rbits, add),
+      i32Constant(b, loc, shift));
+  // At most top: a NaN, or an absmax beyond the scale's range.
+  Value q = arith::MinUIOp::create(b, loc, rounded,
+                                   i32Constant(b, loc, fmt.topCode()));
+  if (fmt.isSigned) {
+    Value neg = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OLT, x,
+                                      f32Constant(b, loc, 0.0));
+    q = arith::SelectOp::create(
+        b, loc, neg,
+        arith::SubIOp::create(b, loc, i32Constant(b, loc, 0), q), q);
+  }
+  Value code = arith::TruncIOp::create(b, loc, b.getI8Type(), q);
+  return {code, stored};
+}
+
+//===----------------------------------------------------------------------===//
 // PlainAttr: one float per element
 //===----------------------------------------------------------------------===//
 
@@ -155,7 +321,7 @@ Value PlainAttr::emitDecode(OpBuilder &b, Location loc,
 }
 
 SmallVector<Value> PlainAttr::emitEncode(OpBuilder &b, Location loc, Value x,
-                                         Value) const {
+                                         Value, int32_t) const {
   return {emitNarrowFromF32(b, loc, x, getStorage())};
 }
 
@@ -176,8 +342,8 @@ Value ElidedAttr::emitDecode(OpBuilder &b, Location loc,
   return f32Constant(b, loc, 0.0);
 }
 
-SmallVector<Value> ElidedAttr::emitEncode(OpBuilder &, Location, Value,
-                                          Value) const {
+SmallVector<Value> ElidedAttr::emitEncode(OpBuilder &, Location, Value, Value,
+                                          int32_t) const {
   return {};
 }
 

@@ -6,8 +6,8 @@
 ///
 /// \file
 /// Replaces a float that depends only on one 8-bit code (and constants) and
-/// whose computation divides or takes a square root by a read of a 256-entry
-/// table: the computation evaluated for every code by the operations' own
+/// whose computation divides or takes a square root, or takes four or more
+/// operations, by a read of a 256-entry table: the computation evaluated for every code by the operations' own
 /// constant folders (IEEE binary32, round to nearest even), hence
 /// bit-identical by construction.
 ///
@@ -37,6 +37,9 @@ using namespace mlir::flashopt;
 namespace {
 
 constexpr int64_t kEntries = 256;
+/// The fewest operations of a code's own computation that a table replaces
+/// when none of them divides or takes a root.
+constexpr int64_t kMinTabledOps = 4;
 
 /// A pure, single-result arith/math operation without regions.
 bool isFoldableArithmetic(Operation *op) {
@@ -183,8 +186,13 @@ struct FlashOptDecodeTablesPass
         continue;
       SmallVector<Operation *> ops = t.cone(v);
       // Worth a table only where the code's own computation divides or
-      // takes a root (not a reciprocal of constants).
-      if (llvm::none_of(ops, [&](Operation *o) {
+      // takes a root (not a reciprocal of constants), or takes at least
+      // kMinTabledOps operations (a minifloat's exponent and sign,
+      // docs/NUMERICS.md §2d): one load replaces them.
+      int64_t own = llvm::count_if(ops, [&](Operation *o) {
+        return t.source.count(o->getResult(0)) != 0;
+      });
+      if (own < kMinTabledOps && llvm::none_of(ops, [&](Operation *o) {
             return isa<arith::DivFOp, math::SqrtOp>(o) &&
                    t.source.count(o->getResult(0));
           }))

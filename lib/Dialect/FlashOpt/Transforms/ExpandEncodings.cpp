@@ -371,7 +371,7 @@ LogicalResult expandOptimizer(OptimizerOp op) {
   Value gradScale =
       HyperOp::create(kb, loc, kb.getF32Type(),
                       kb.getStringAttr(::flashopt::abi::kGradScaleHyper),
-                      kb.getF32FloatAttr(1.0f))
+                      kb.getF32FloatAttr(1.0f), EnvelopeAttr(), StringAttr())
           .getResult();
 
   auto body = GroupBodyOp::create(kb, loc);
@@ -519,30 +519,32 @@ LogicalResult expandOptimizer(OptimizerOp op) {
     StoreElementOp::create(gb, loc, plan.param,
                            em.narrow(results[0], paramType));
   }
-  // The bounded numerics round every state code with the element's
-  // dither (one per element, shared by its states; docs/NUMERICS.md §8).
-  Value dither;
+  // The bounded numerics round every state code with the element's dither
+  // (docs/NUMERICS.md §8), each quantized state at its own phase (k times
+  // DitherOp::kStatePhase for the k-th), so that one element's states do
+  // not share their rounding errors.
+  Value ditherStep;
   if (numerics == Numerics::Bounded &&
       llvm::any_of(states, [](StateOp st) {
         return isa<QuantAttr>(st.getEncoding());
       })) {
-    Value step;
     for (Operation &p : *kernelBlock)
       if (auto sc = dyn_cast<StepCountOp>(p))
-        step = sc.getResult();
-    if (!step) {
+        ditherStep = sc.getResult();
+    if (!ditherStep) {
       OpBuilder sb = OpBuilder::atBlockBegin(kernelBlock);
-      step = StepCountOp::create(sb, loc, sb.getI64Type()).getResult();
+      ditherStep = StepCountOp::create(sb, loc, sb.getI64Type()).getResult();
     }
-    dither = DitherOp::create(gb, loc, gb.getF32Type(), step,
-                              gb.getF32FloatAttr(1.0f))
-                 .getResult();
   }
   // Per-group values are stored before per-element ones (the order the
   // kernel IR has always had).
+  int32_t quantized = 0;
   for (auto [i, state] : llvm::enumerate(states)) {
-    SmallVector<Value> stored =
-        state.getEncoding().emitEncode(gb, loc, results[i + 1], dither);
+    int32_t phase = 0;
+    if (isa<QuantAttr>(state.getEncoding()))
+      phase = (quantized++ * DitherOp::kStatePhase) & 0x3FFF;
+    SmallVector<Value> stored = state.getEncoding().emitEncode(
+        gb, loc, results[i + 1], ditherStep, phase);
     ArrayRef<int64_t> buffers = plan.states[i];
     assert(stored.size() == buffers.size() &&
            "an encoding stores one value per buffer");

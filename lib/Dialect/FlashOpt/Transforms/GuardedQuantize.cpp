@@ -53,6 +53,7 @@
 #include "mlir/IR/Matchers.h"
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Transforms/RegionUtils.h"
+#include "llvm/ADT/DenseMap.h"
 
 #include <cmath>
 
@@ -95,7 +96,7 @@ static bool isRoundingOffset(Value v, Value &dither) {
     return true;
   }
   auto d = v.getDefiningOp<DitherOp>();
-  if (!d || d.getOffset().convertToFloat() != 1.0f)
+  if (!d || !d.getType().isF32() || d.getOffset().convertToFloat() != 1.0f)
     return false;
   dither = v;
   return true;
@@ -230,7 +231,7 @@ struct Builder {
   }
 };
 
-GuardedOp rewrite(Site &s, Value &onePlusU) {
+GuardedOp rewrite(Site &s, llvm::DenseMap<int32_t, Value> &onePlusUs) {
   Operation *conv = s.conv;
   Location loc = conv->getLoc();
   OpBuilder b(conv);
@@ -243,12 +244,13 @@ GuardedOp rewrite(Site &s, Value &onePlusU) {
   // §8).
   Value d;
   if (s.dither) {
+    auto u = s.dither.getDefiningOp<DitherOp>();
+    Value &onePlusU = onePlusUs[u.getPhase()];
     if (!onePlusU) {
       // Right before the first code that uses it (the lowering computes a
       // dither in the phase of its first use).
-      auto u = s.dither.getDefiningOp<DitherOp>();
       onePlusU = DitherOp::create(b, u.getLoc(), b.getF32Type(), u.getStep(),
-                                  b.getF32FloatAttr(0.0f))
+                                  b.getF32FloatAttr(0.0f), u.getPhaseAttr())
                      .getResult();
     }
     d = onePlusU;
@@ -413,9 +415,10 @@ struct FlashOptGuardedQuantizePass
       // Guards of the two forms (rounded to nearest: slack <= 1/2 - delta;
       // dithered: -|z - rint(z)| <= -delta) merge separately.
       SmallVector<GuardedOp> nearest, dithered;
-      Value onePlusU; // 1 + u, shared by the body's dithered codes
+      // 1 + u per phase, shared by the body's dithered codes of that phase.
+      llvm::DenseMap<int32_t, Value> onePlusUs;
       for (Site &s : sites) {
-        GuardedOp g = rewrite(s, onePlusU);
+        GuardedOp g = rewrite(s, onePlusUs);
         (s.dither ? dithered : nearest).push_back(g);
       }
       merge(nearest);

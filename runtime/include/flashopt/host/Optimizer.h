@@ -61,6 +61,14 @@ public:
   /// at 0 are rejected.
   Status set_hyper(int param_group, std::string_view name, float value);
   /// Sets one hyper-parameter in every param group.
+  /// The envelopes take the current values (HyperTable::note_step): what a
+  /// step does first. Sharded data parallelism calls it on the optimizer
+  /// whose shards another steps, so that both keep the same envelopes.
+  void note_hyper_step();
+  /// Sets a hyper-parameter as a checkpoint recorded it (envelopes
+  /// included; nullopt: an envelope before its first step).
+  Status restore_hyper(int param_group, std::string_view name,
+                       std::optional<float> value);
   Status set_hyper_all(std::string_view name, float value);
   Expected<float> hyper(int param_group, std::string_view name) const;
   /// The hyper table the kernel reads: slot-major, H floats per slot.

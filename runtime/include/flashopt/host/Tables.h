@@ -19,6 +19,7 @@
 #include "flashopt/host/Abi.h"
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -82,14 +83,28 @@ public:
   /// ran out).
   int add_slot();
   int num_slots() const { return slots_; }
-  /// Sets one value. Unknown names, bad slots, non-finite values and nonzero
-  /// values of a hyper an elided state needs at 0 are rejected.
+  /// Sets one value. Unknown names, bad slots, non-finite values, nonzero
+  /// values of a hyper an elided state needs at 0 and envelopes (kept by the
+  /// table itself) are rejected.
   Status set(int slot, std::string_view name, float value);
+  /// Sets one value as a checkpoint recorded it, envelopes included (a
+  /// finite value, as set() checks); nullopt leaves an envelope unset (no
+  /// step was taken yet).
+  Status restore(int slot, std::string_view name, std::optional<float> value);
+  /// Whether column `h` of `slot` holds a value (a default, a set value, or
+  /// an envelope after its first step).
+  bool given(int slot, size_t h) const {
+    return given_[size_t(slot) * m_->hypers.size() + h] != 0;
+  }
+  /// A step is about to run with the current values: every envelope column
+  /// (HyperSpec::is_envelope) takes the running maximum or minimum of its
+  /// hyper-parameter, in every slot (the value itself at the first step).
+  void note_step();
   /// Sets one value in every slot.
   Status set_all(std::string_view name, float value);
   Expected<float> get(int slot, std::string_view name) const;
   /// An error naming the first hyper-parameter that has no default and was
-  /// never set (prefixed "step: "), else success.
+  /// never set (prefixed "step: "; envelopes excepted), else success.
   Status check_complete() const;
   /// The table the kernel reads: num_slots() * H floats.
   const std::vector<float> &values() const { return values_; }

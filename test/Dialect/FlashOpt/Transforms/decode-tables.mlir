@@ -1,4 +1,4 @@
-// RUN: flashopt-opt %s --flashopt-decode-tables --split-input-file | FileCheck %s
+// RUN: flashopt-opt %s --flashopt-expand-encodings --flashopt-decode-tables --split-input-file | FileCheck %s
 
 // The softsign momentum decode: t = k / 127, t / (2 - |t|), then times the
 // group's scale. The code's part becomes one table read (256 entries, folded
@@ -84,5 +84,28 @@ flashopt.kernel @untouched group_size(32) buffers([#flashopt.buffer<"c", i8, ele
     %s2 = arith.addf %e, %r : f32
     %s = arith.addf %s1, %s2 : f32
     flashopt.store_element 3, %s : f32
+  }
+}
+
+// -----
+
+// A minifloat code's value (docs/NUMERICS.md §2d, e3m4): its exponent and
+// mantissa as f32 bits, a subnormal as code * 2^-10, its sign: no division,
+// but seven operations of the code alone, so one table read (code 1 ->
+// 2^-10 = 0x3A800000, 16 -> 2^-6 = 0x3C800000, 127 -> 1.9375 = 0x3FF80000,
+// -127 -> 0xBFF80000 at entry 129, -128 never stored).
+// CHECK-LABEL: flashopt.kernel @m
+// CHECK: %[[K:.*]] = flashopt.load_element 2 : i8
+// CHECK: %[[T:.*]] = flashopt.table_lookup %[[K]] {table = dense<"0x000000000000803A0000003B
+// CHECK-SAME: 0000F83F
+// CHECK-SAME: 0000F8BF
+// CHECK-SAME: : tensor<256xf32>} : i8 -> f32
+// CHECK-NOT: math.absi
+// CHECK: arith.mulf %[[T]], %{{.*}} : f32
+flashopt.optimizer @m param(#flashopt.master<f32>) grad(f32) {
+  flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = e3m4, scale = bf16>
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    %m1 = arith.addf %m, %g : f32
+    flashopt.yield %theta, %m1 : f32, f32
   }
 }

@@ -148,10 +148,11 @@ flashopt.optimizer @quant param(#flashopt.master<f32>) grad(f32) attributes {fla
 
 // -----
 
-// The bounded numerics (the default; docs/NUMERICS.md §8): one dither per
-// element (the step count added to the prologue when the rule has none),
-// shared by the codes in place of 0.5; a finite absmax saturates at the
-// scale type's largest value; flashopt.bound clamps to [-limit, limit].
+// The bounded numerics (the default; docs/NUMERICS.md §8): a dither per
+// element and quantized state (the step count added to the prologue when the
+// rule has none), the k-th state's at phase k * 3462, in place of 0.5; a
+// finite absmax saturates at the scale type's largest value; flashopt.bound
+// clamps to [-limit, limit].
 // CHECK-LABEL: flashopt.kernel @bounded
 // CHECK: %[[STEP:.*]] = flashopt.step_count : i64
 // CHECK: flashopt.group_body {
@@ -169,9 +170,10 @@ flashopt.optimizer @quant param(#flashopt.master<f32>) grad(f32) attributes {fla
 // CHECK: arith.truncf %[[ST]] : f32 to f16
 // CHECK: %[[H:.*]] = arith.addf %{{.*}}, %[[U]] : f32
 // CHECK: math.floor %[[H]] : f32
+// CHECK: %[[U2:.*]] = flashopt.dither %[[STEP]] {offset = 1.000000e+00 : f32, phase = 3462 : i32} : f32
 // CHECK: math.sqrt
 // CHECK: flashopt.group_max
-// CHECK: arith.addf %{{.*}}, %[[U]] : f32
+// CHECK: arith.addf %{{.*}}, %[[U2]] : f32
 // CHECK-NOT: flashopt.dither
 flashopt.optimizer @bounded param(#flashopt.master<f32>) grad(f32) {
   %lim = arith.constant 2.000000e+00 : f32
@@ -184,6 +186,97 @@ flashopt.optimizer @bounded param(#flashopt.master<f32>) grad(f32) {
     %t1 = arith.subf %theta, %m1 : f32
     %b = flashopt.bound %t1, %lim : f32
     flashopt.yield %b, %m1, %v1 : f32, f32, f32
+  }
+}
+
+// -----
+
+// Minifloat codes (docs/NUMERICS.md §2d). Decode: the magnitude's exponent
+// and mantissa as f32 bits, subnormals (e3m4) as code * 2^-10, the sign,
+// times the scale. Encode: the scale is the least power of two at least the
+// absmax over 1.9375 (its bits plus 0x7FFFF, masked), within [2^-126, 2^29]
+// (e3m4, bf16), and k = 2^(emax - 127 - E) from the scale's exponent field
+// (7 + 127 - field, normal, or 1 << (22 + it), subnormal); the code is the
+// bits of |x| * k plus the dither word's top bits (an i32 dither, phase 3462
+// for the second state) shifted down to the code's place, at most top; a
+// signed code takes x's sign.
+// CHECK-LABEL: flashopt.kernel @minifloat
+// CHECK: flashopt.group_body {
+// CHECK: %[[M:.*]] = flashopt.load_element 2 : i8
+// CHECK: %[[MS:.*]] = flashopt.load_group 3 : bf16
+// CHECK: %[[C:.*]] = arith.extsi %[[M]] : i8 to i32
+// CHECK: %[[MAG:.*]] = math.absi %[[C]] : i32
+// CHECK: %[[B:.*]] = arith.addi %[[MAG]], %{{.*}} : i32
+// CHECK: %[[SH:.*]] = arith.shli %[[B]], %{{.*}} : i32
+// CHECK: %[[NORM:.*]] = arith.bitcast %[[SH]] : i32 to f32
+// CHECK: %[[IS:.*]] = arith.cmpi sge, %[[MAG]], %{{.*}} : i32
+// CHECK: %[[SF:.*]] = arith.sitofp %[[MAG]] : i32 to f32
+// CHECK: %[[SUB:.*]] = arith.mulf %[[SF]], %{{.*}} : f32
+// CHECK: %[[V:.*]] = arith.select %[[IS]], %[[NORM]], %[[SUB]] : f32
+// CHECK: %[[NEG:.*]] = arith.cmpi slt, %[[C]], %{{.*}} : i32
+// CHECK: %[[NV:.*]] = arith.negf %[[V]] : f32
+// CHECK: %[[SV:.*]] = arith.select %[[NEG]], %[[NV]], %[[V]] : f32
+// CHECK: %[[MSW:.*]] = arith.extf %[[MS]] : bf16 to f32
+// CHECK: arith.mulf %[[SV]], %[[MSW]] : f32
+// e4m4 (unsigned, zero-free): code 0 decodes as half the smallest
+// subnormal, 2^-19 (the subnormals' step is 2^-18); no sign.
+// CHECK: flashopt.load_element 4 : i8
+// CHECK: %[[VC:.*]] = arith.extui %{{.*}} : i8 to i32
+// CHECK-NOT: math.absi
+// CHECK: %[[HALF:.*]] = arith.constant 1.90734863E-6 : f32
+// CHECK: %[[VSUB:.*]] = arith.mulf %{{.*}}, %{{.*}} : f32
+// CHECK: %[[Z:.*]] = arith.cmpi eq, %[[VC]], %{{.*}} : i32
+// CHECK: arith.select %[[Z]], %[[HALF]], %[[VSUB]] : f32
+// CHECK-NOT: arith.negf
+// CHECK: arith.mulf %{{.*}}, %{{.*}} : f32
+// CHECK: %[[ABS:.*]] = math.absf %[[X:.*]] : f32
+// CHECK: %[[GM:.*]] = flashopt.group_max %[[ABS]] : f32
+// CHECK: %[[NF:.*]] = arith.cmpf uge, %[[GM]], %{{.*}} : f32
+// CHECK: %[[FM:.*]] = arith.select %[[NF]], %{{.*}}, %[[GM]] : f32
+// CHECK: %[[AB:.*]] = arith.bitcast %[[FM]] : f32 to i32
+// CHECK: %[[AU:.*]] = arith.addi %[[AB]], %{{.*}}524287{{.*}} : i32
+// CHECK: %[[RU:.*]] = arith.andi %[[AU]], %{{.*}}-8388608{{.*}} : i32
+// CHECK-DAG: %[[SMAX:.*]] = arith.constant 0x4E000000 : f32
+// CHECK-DAG: %[[SMIN:.*]] = arith.constant 1.17549435E-38 : f32
+// CHECK: %[[RUF:.*]] = arith.bitcast %[[RU]] : i32 to f32
+// CHECK: %[[S1:.*]] = arith.maximumf %[[RUF]], %[[SMIN]] : f32
+// CHECK: %[[S:.*]] = arith.minimumf %[[S1]], %[[SMAX]] : f32
+// CHECK: %[[SB:.*]] = arith.bitcast %[[S]] : f32 to i32
+// CHECK: %[[SFIELD:.*]] = arith.shrui %[[SB]], %{{.*}} : i32
+// CHECK: %[[KF:.*]] = arith.subi %{{.*}}134{{.*}}, %[[SFIELD]] : i32
+// CHECK: %[[KN:.*]] = arith.shli %[[KF]], %{{.*}} : i32
+// CHECK: %[[KS:.*]] = arith.shli %{{.*}}, %{{.*}} : i32
+// CHECK: %[[KB:.*]] = arith.select %{{.*}}, %[[KN]], %[[KS]] : i32
+// CHECK: %[[K:.*]] = arith.bitcast %[[KB]] : i32 to f32
+// CHECK: %[[ST:.*]] = arith.select %[[NF]], %[[GM]], %[[S]] : f32
+// CHECK: arith.truncf %[[ST]] : f32 to bf16
+// CHECK: %[[R:.*]] = arith.mulf %[[ABS]], %[[K]] : f32
+// CHECK: %[[W:.*]] = flashopt.dither %[[STEP:.*]] {offset = 0.000000e+00 : f32} : i32
+// CHECK: %[[ADD:.*]] = arith.shrui %[[W]], %{{.*}} : i32
+// CHECK: %[[RBITS:.*]] = arith.bitcast %[[R]] : f32 to i32
+// CHECK: %[[SUM:.*]] = arith.addi %[[RBITS]], %[[ADD]] : i32
+// CHECK: %[[RD:.*]] = arith.shrui %[[SUM]], %{{.*}} : i32
+// CHECK: %[[Q:.*]] = arith.minui %[[RD]], %{{.*}} : i32
+// CHECK: %[[XNEG:.*]] = arith.cmpf olt, %[[X]], %{{.*}} : f32
+// CHECK: %[[NQ:.*]] = arith.subi %{{.*}}, %[[Q]] : i32
+// CHECK: %[[SQ:.*]] = arith.select %[[XNEG]], %[[NQ]], %[[Q]] : i32
+// CHECK: arith.trunci %[[SQ]] : i32 to i8
+// CHECK: flashopt.group_max
+// e4m4's scale stops at 2^37, and k's field is 15 + 127 - the scale's.
+// CHECK: arith.constant 1.37438953E+11 : f32
+// CHECK: arith.constant 142 : i32
+// CHECK: flashopt.dither %[[STEP]] {offset = 0.000000e+00 : f32, phase = 3462 : i32} : i32
+// CHECK: %[[VQ:.*]] = arith.minui %{{.*}}, %{{.*}} : i32
+// CHECK-NEXT: arith.trunci %[[VQ]] : i32 to i8
+flashopt.optimizer @minifloat param(#flashopt.master<f32>) grad(f32) {
+  flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = e3m4, scale = bf16>
+  flashopt.state "v" : #flashopt.quant<ui8, group = 32, compand = e4m4, scale = bf16>
+  flashopt.update(%theta: f32, %g: f32, %m: f32, %v: f32) {
+    %m1 = arith.addf %m, %g : f32
+    %gg = arith.mulf %g, %g : f32
+    %v1 = arith.addf %v, %gg : f32
+    %t1 = arith.subf %theta, %m1 : f32
+    flashopt.yield %t1, %m1, %v1 : f32, f32, f32
   }
 }
 

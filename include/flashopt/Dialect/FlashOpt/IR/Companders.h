@@ -5,10 +5,11 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// The companders of `#flashopt.quant` (none, softsign, sqrt) in one table:
-/// the storage each needs and the IR of its forward and inverse functions
-/// (docs/NUMERICS.md §2). A new compander is one enum case in
-/// FlashOptAttrs.td plus one row of this table.
+/// The companders of `#flashopt.quant` in one table: FlashOptim's linear
+/// codes of a companded value (none, softsign, sqrt: the storage each needs
+/// and the IR of its forward and inverse functions, docs/NUMERICS.md §2) and
+/// the minifloat codes (e3m4, e4m4: the format, §2d). A new compander is one
+/// enum case in FlashOptAttrs.td plus one row of this table.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -47,6 +48,13 @@ struct CompanderInfo {
   /// Whether compressValue's result is never negative (sqrt: √x ≥ 0, or
   /// NaN), so unsigned codes need no clamp at 0.
   bool nonNegative = false;
+  /// Whether the codes are minifloats (docs/NUMERICS.md §2d; their format is
+  /// abi::minifloat_format of the compander's name, abi/Minifloat.h); the
+  /// four functions above are then null.
+  bool minifloat = false;
+
+  /// Whether the codes are minifloats.
+  bool isMinifloat() const { return minifloat; }
 };
 
 /// The table row of `compander`.

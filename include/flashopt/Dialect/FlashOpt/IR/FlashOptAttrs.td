@@ -19,11 +19,22 @@ include "flashopt/Dialect/FlashOpt/IR/StateEncodingInterface.td"
 def FlashOpt_CompanderNone : I32EnumAttrCase<"none", 0>;
 def FlashOpt_CompanderSoftsign : I32EnumAttrCase<"softsign", 1>;
 def FlashOpt_CompanderSqrt : I32EnumAttrCase<"sqrt", 2>;
+def FlashOpt_CompanderE3M4 : I32EnumAttrCase<"e3m4", 3>;
+def FlashOpt_CompanderE4M4 : I32EnumAttrCase<"e4m4", 4>;
 def FlashOpt_Compander : I32EnumAttr<"Compander",
     "companding function applied before 8-bit quantization",
-    [FlashOpt_CompanderNone, FlashOpt_CompanderSoftsign, FlashOpt_CompanderSqrt]> {
+    [FlashOpt_CompanderNone, FlashOpt_CompanderSoftsign, FlashOpt_CompanderSqrt,
+     FlashOpt_CompanderE3M4, FlashOpt_CompanderE4M4]> {
   let cppNamespace = "::mlir::flashopt";
   let genSpecializedAttr = 0;
+}
+
+def FlashOpt_EnvelopeMax : I32EnumAttrCase<"max", 0>;
+def FlashOpt_EnvelopeMin : I32EnumAttrCase<"min", 1>;
+def FlashOpt_Envelope : I32EnumAttr<"Envelope",
+    "which running extreme of a hyper-parameter an envelope hyper-parameter keeps",
+    [FlashOpt_EnvelopeMax, FlashOpt_EnvelopeMin]> {
+  let cppNamespace = "::mlir::flashopt";
 }
 
 def FlashOpt_RateElement : I32EnumAttrCase<"element", 0>;
@@ -92,11 +103,19 @@ def FlashOpt_QuantAttr
     levels), one scale per group of `group` elements (a power of two in
     [16, 128]) stored as `f16`, `bf16` or `f32`, and a compander applied
     before quantization: `softsign` (2x/(1+|x|), signed only), `sqrt`
-    (unsigned only) or `none`.
+    (unsigned only) or `none` — FlashOptim's linear codes of the companded
+    value over the group absmax (docs/NUMERICS.md §2) — or a minifloat
+    code with subnormals, a code times the group scale, the scale being the
+    absmax over the top code's value rounded up to the scale type: `e3m4`
+    (signed only: a sign, 3 exponent and 4 mantissa bits) or `e4m4`
+    (unsigned only, zero-free: code 0 decodes as half the smallest
+    subnormal) (docs/NUMERICS.md §2d, the bounded numerics' codebooks).
 
     ```mlir
     #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
     #flashopt.quant<ui8, group = 32, compand = sqrt, scale = f16>
+    #flashopt.quant<i8, group = 32, compand = e3m4, scale = bf16>
+    #flashopt.quant<ui8, group = 32, compand = e4m4, scale = bf16>
     ```
   }];
   let parameters = (ins "::mlir::Type":$storage, "int64_t":$group,
@@ -112,6 +131,17 @@ def FlashOpt_QuantAttr
     bool isSigned() const;
     /// The largest code magnitude: 127 (i8) or 255 (ui8).
     int64_t getMaxCode() const { return isSigned() ? 127 : 255; }
+    /// The format of a minifloat compander (e3m4, e4m4).
+    ::flashopt::abi::MinifloatFormat getMinifloatFormat() const;
+    /// The minifloat decode and encode (docs/NUMERICS.md §2d).
+    ::mlir::Value emitMinifloatDecode(::mlir::OpBuilder &b,
+                                      ::mlir::Location loc,
+                                      ::mlir::Value code,
+                                      ::mlir::Value scale) const;
+    ::llvm::SmallVector<::mlir::Value>
+    emitMinifloatEncode(::mlir::OpBuilder &b, ::mlir::Location loc,
+                        ::mlir::Value x, ::mlir::Value ditherStep,
+                        int32_t ditherPhase) const;
   }];
 }
 

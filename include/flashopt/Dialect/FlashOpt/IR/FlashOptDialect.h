@@ -14,6 +14,7 @@
 #define FLASHOPT_DIALECT_FLASHOPT_IR_FLASHOPTDIALECT_H
 
 #include "flashopt/abi/DType.h"
+#include "flashopt/abi/Minifloat.h"
 
 #include <optional>
 #include "mlir/Dialect/Arith/IR/Arith.h"

@@ -74,14 +74,27 @@ def FlashOpt_HyperOp : FlashOpt_Op<"hyper", [
     yields its value for the current parameter group. A declaration without
     `default` must be set by the user. Booleans are 0.0 / 1.0.
 
+    With `envelope(max of "beta1")` (or `min`) it is instead the running
+    maximum (minimum) of another hyper-parameter of the same parameter group
+    over every step taken so far, the current one included: the runtime keeps
+    it (it cannot be set, it has no default, checkpoints carry it). A rule
+    whose bound depends on the history of a hyper-parameter reads it, as
+    Adam's update bound does when betas change between steps
+    (docs/NUMERICS.md §8.4).
+
     ```mlir
     %beta1 = flashopt.hyper "beta1" default(0.9 : f32) : f32
+    %beta1_max = flashopt.hyper "beta1_max" envelope(max of "beta1") : f32
     ```
   }];
-  let arguments = (ins StrAttr:$name, OptionalAttr<F32Attr>:$default_value);
+  let arguments = (ins StrAttr:$name, OptionalAttr<F32Attr>:$default_value,
+                       OptionalAttr<FlashOpt_Envelope>:$envelope,
+                       OptionalAttr<StrAttr>:$envelope_of);
   let results = (outs F32:$result);
   let assemblyFormat = [{
-    $name (`default` `(` $default_value^ `)`)? attr-dict `:` type($result)
+    $name (`default` `(` $default_value^ `)`)?
+          (`envelope` `(` $envelope^ `of` $envelope_of `)`)? attr-dict `:`
+          type($result)
   }];
   let hasVerifier = 1;
 }
@@ -361,38 +374,58 @@ def FlashOpt_GroupMaxOp : FlashOpt_Op<"group_max", [Pure, SameOperandsAndResultT
 
 def FlashOpt_DitherOp : FlashOpt_Op<"dither", [
     Pure, HasParent<"GroupBodyOp">]> {
-  let summary = "This element's rounding offset: a low-discrepancy sequence";
+  let summary = "This element's rounding offset";
   let description = [{
-    `u - (offset - 1)` with u = h / 2^14, h = (i * 12367 + t * 10125) mod
-    2^14, where i is the element's index in its tensor (the record's
-    element offset, docs/KERNEL-ABI.md, plus the index in the record) and t
-    the `step` operand (the step count), both taken modulo 2^32 first. u is
-    a multiple of 2^-14 in [0, 1 - 2^-14]; `offset` 1.0 gives u and 1.5
-    gives u - 1/2, both exactly. (Computed as the f32 whose bits are
-    `((h << 18) >> 9) | 0x3F800000`, which is 1 + u, minus `offset`;
-    `offset` 0.0 gives 1 + u itself.) For a
-    fixed element the sequence over steps is a rotation by 10125 / 2^14
-    (about 1/phi, the most evenly spread over any window of steps);
-    neighbouring elements differ by about 1/rho (the plastic number's).
-    The bounded numerics round every 8-bit state code with it,
-    `floor(t * N + u)` in place of `floor(t * N + 1/2)` (docs/NUMERICS.md
-    §8), so that a code rounds up with the probability of its fraction over
-    time: codes are unbiased and decay like the exact state. Every back end
-    computes the same bits. A per-element value (never uniform).
+    `u - (offset - 1)` with u = h / 2^14, h = (i * 12367 + H(t) + phase) mod
+    2^14, where i is the element's index in its tensor (the record's element
+    offset, docs/KERNEL-ABI.md, plus the index in the record), t the `step`
+    operand (the step count), both taken modulo 2^32 first, H(t) the top 14
+    bits of a 32-bit integer hash of t (x ^= x >> 16, x *= 0x21F0AAAD,
+    x ^= x >> 15, x *= 0x735A2D97, x ^= x >> 15), and `phase` a constant of
+    the state being rounded (0 unless given). u is a multiple of 2^-14 in
+    [0, 1 - 2^-14]; `offset` 1.0 gives u and 1.5 gives u - 1/2, both
+    exactly. (Computed as the f32 whose bits are `((h << 18) >> 9) |
+    0x3F800000`, which is 1 + u, minus `offset`; `offset` 0.0 gives 1 + u
+    itself.) With an `i32` result it is the word `h << 18` itself (h in the
+    top 14 bits, `offset` 0.0), which the minifloat codes add to the bits
+    they round (docs/NUMERICS.md §2d).
+
+    Across the elements of one step the offsets are a rotation by 12367 /
+    2^14 (about 1/rho, the plastic number's): neighbours are spread as
+    evenly as a rotation allows. Over the steps of one element they are
+    the hash's, independent of the state's own dynamics: a rotation in time
+    resonated with a decaying state on a fixed grid of codes (docs/NUMERICS.md
+    §8.3). The bounded numerics round every 8-bit state code with it,
+    `floor(t * N + u)` in place of `floor(t * N + 1/2)` (§8), so that a code
+    rounds up with the probability of its fraction: codes are unbiased and
+    decay like the exact state; the states of one element use phases 3462
+    apart (u shifted by 0.2113, which makes the average covariance of their
+    rounding errors zero). Every back end computes the same bits. A
+    per-element value (never uniform); i * 12367 varies, H(t) + phase is
+    uniform (the lowerings compute it once per record or worker).
 
     ```mlir
     %u = flashopt.dither %step {offset = 1.000000e+00 : f32} : f32
+    %w = flashopt.dither %step {offset = 0.000000e+00 : f32, phase = 3462 : i32} : i32
     ```
   }];
-  let arguments = (ins I64:$step, F32Attr:$offset);
-  let results = (outs F32:$result);
+  let arguments = (ins I64:$step, F32Attr:$offset,
+                       DefaultValuedAttr<I32Attr, "0">:$phase);
+  let results = (outs AnyTypeOf<[F32, I32]>:$result);
   let assemblyFormat = "$step attr-dict `:` type($result)";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
     /// h's multiplier of the element index, times 2^18 (32-bit arithmetic).
     static constexpr uint32_t kElementMultiplier = 12367u << 18;
-    /// h's multiplier of the step, times 2^18 (32-bit arithmetic).
-    static constexpr uint32_t kStepMultiplier = 10125u << 18;
+    /// The phase between the states of one optimizer: round(0.2113 * 2^14),
+    /// the offset α with α(1 − α)/2 = 1/12 (docs/NUMERICS.md §8.3).
+    static constexpr int32_t kStatePhase = 3462;
+    /// phase · 2^18, what the phase adds to the word (32-bit arithmetic).
+    uint32_t getPhaseWord() { return uint32_t(getPhase()) << 18; }
+    /// H(t) << 18 for an i32 step count: the step's part of the word.
+    static ::mlir::Value emitStepWord(::mlir::OpBuilder &b,
+                                      ::mlir::Location loc,
+                                      ::mlir::Value stepI32);
   }];
 }
 

@@ -68,14 +68,19 @@ def FlashOpt_StateEncodingInterface
         returns one value to store per buffer of getBuffers(), in that order
         (per-element values in the buffer's access type, per-group values in
         its storage type; reductions over the group as `flashopt.group_max`).
-        `dither` is the element's rounding offset in [0, 1) (a
-        `flashopt.dither`, the bounded numerics) or null (round to nearest,
-        the FlashOptim numerics); an encoding that rounds to a code uses it
-        in place of one half (docs/NUMERICS.md §8).
+        `ditherStep` is the step count (i64) of the bounded numerics, whose
+        codes round with the element's dither (a `flashopt.dither` of that
+        step and of phase `ditherPhase`, which the encoding creates in the
+        form it needs), or null for the FlashOptim numerics (round to
+        nearest); an encoding that rounds to a code uses the dither in place
+        of one half (docs/NUMERICS.md §8). Each state of an optimizer gets
+        its own phase, so that the rounding errors of one element's states
+        are uncorrelated (§8.3).
       }],
       "::llvm::SmallVector<::mlir::Value>", "emitEncode",
       (ins "::mlir::OpBuilder &":$builder, "::mlir::Location":$loc,
-           "::mlir::Value":$value, "::mlir::Value":$dither)>,
+           "::mlir::Value":$value, "::mlir::Value":$ditherStep,
+           "int32_t":$ditherPhase)>,
     InterfaceMethod<[{
         Fills the encoding fields of a manifest state (the ABI library's
         model, abi/Manifest.h: kind, storage, group, compand, scale); the

@@ -52,14 +52,16 @@ def FlashOptExpandEncodings : Pass<"flashopt-expand-encodings", "::mlir::ModuleO
 }
 
 def FlashOptDecodeTables : Pass<"flashopt-decode-tables", "::mlir::ModuleOp"> {
-  let summary = "Functions of an 8-bit code that divide or take a root become a 256-entry table";
+  let summary = "Functions of an 8-bit code that divide, take a root or take four operations become a 256-entry table";
   let description = [{
     Decoding a quantized state computes a float from its 8-bit code and
     constants alone: softsign momentum `t / (2 - |t|)` with `t = k / 127`,
     the square-root-companded variance `(k / 255)^2`, the correction term's
-    `k / 127`. Inside a `flashopt.group_body`, every float value that depends
-    only on one 8-bit `flashopt.load_element` and constants, whose
-    computation contains an `arith.divf` or `math.sqrt`, and that is used by
+    `k / 127`, a minifloat code's value (its exponent, mantissa and sign in
+    integer operations). Inside a `flashopt.group_body`, every float value
+    that depends only on one 8-bit `flashopt.load_element` and constants,
+    whose computation contains an `arith.divf` or `math.sqrt` or takes at
+    least four operations, and that is used by
     something depending on more than the code, is replaced by
     `flashopt.table_lookup` of the code. The table is the computation itself
     evaluated for all 256 codes by the operations' own constant folders
