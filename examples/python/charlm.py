@@ -425,7 +425,7 @@ def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warm
         if (s + 1) % eval_every == 0 and s + 1 != steps:
             do_eval(s + 1)
         if bar is not None:
-            bar.set_postfix(flashopt=f"{losses['flashopt'][-1]:.3f}",
+            bar.set_postfix(refresh=False, flashopt=f"{losses['flashopt'][-1]:.3f}",
                             torch=f"{losses['torch'][-1]:.3f}",
                             val=f"{val['flashopt'][-1]:.3f}/{val['torch'][-1]:.3f}")
     do_eval(steps)

@@ -116,7 +116,7 @@ def train(steps=300, lr=1e-3, batch=64, seed=0, progress=True, workdir=None,
             step_time[k] += time.perf_counter() - t0
             losses[k].append(loss.item())
         if bar is not None:
-            bar.set_postfix(flashopt=f"{losses['flashopt'][-1]:.4f}",
+            bar.set_postfix(refresh=False, flashopt=f"{losses['flashopt'][-1]:.4f}",
                             torch=f"{losses['torch'][-1]:.4f}")
     res = {"steps": steps, "losses": losses, "final": {}, "memory": {}, "checkpoint": {},
            "step_ms": {k: 1e3 * v / steps for k, v in step_time.items()},

@@ -136,7 +136,7 @@ def run(rank, world, a, phase):
         dist.all_reduce(loss_avg)
         loss_avg /= world
         if bar is not None:
-            bar.set_postfix(loss=f"{float(loss_avg):.3f}")
+            bar.set_postfix(refresh=False, loss=f"{float(loss_avg):.3f}")
         if phase == 1 and s + 1 == a.save_at:
             msd, osd = get_state_dict(model, opt)
             dcp.save({"model": msd, "optim": osd, "sched": sched.state_dict(), "step": s + 1},
