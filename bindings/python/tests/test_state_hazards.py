@@ -113,13 +113,13 @@ def test_a_stopped_gradient_moves_a_weight_as_fp32_does(rule, factory, lr):
     assert float((fo / ref.clamp_min(1e-30)).median()) > 2, rule
 
 
-def probe(numerics, g0):
+def probe(numerics, g0, quantize=True):
     """The single-element probe of shared/reference/state-hazards.md: one
     small gradient g0 at step 201 in a group of N(0, 1) ones; element 0's
     largest |update| / lr over steps 202..260."""
     n = 4096
     p = torch.zeros(n, dtype=torch.bfloat16, requires_grad=True)
-    opt = flashopt.FlashAdam([p], lr=1e-3, numerics=numerics)
+    opt = flashopt.FlashAdam([p], lr=1e-3, numerics=numerics, quantize=quantize)
     g = torch.Generator().manual_seed(7)
     worst = 0.0
     for s in range(1, 261):
