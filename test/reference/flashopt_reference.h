@@ -415,7 +415,8 @@ inline uint32_t statePhase(int k) { return (uint32_t(k) * 3462u) & 0x3FFFu; }
 
 /// Quantizes the first `n` values of a group with a minifloat format
 /// (docs/NUMERICS.md §2d); `h` holds each element's dither h in [0, 2^14)
-/// (null: h = 2^13, one half). Returns the scale bits.
+/// (null: round to nearest, ties down: the word 2^31 - 1). Returns the
+/// scale bits.
 inline uint32_t quantize_minifloat(const float *x, int n,
                                    const QuantEncoding &enc, int32_t *codes,
                                    const uint32_t *h) {
@@ -444,8 +445,7 @@ inline uint32_t quantize_minifloat(const float *x, int n,
     // Rounding r to M mantissa bits with the dither: the f32 bits plus
     // h * 2^(23 - M - 14), then the bits below the code's last place
     // dropped: the code itself (f32's and the code's binades align).
-    uint32_t hh = h ? h[i] : 0x2000u;
-    uint32_t add = hh << (23 - f.M - 14);
+    uint32_t add = h ? h[i] << (23 - f.M - 14) : 0x7FFFFFFFu >> (9 + f.M);
     uint32_t q = (bitsOf(r) + add) >> (23 - f.M);
     q = std::min<uint32_t>(q, uint32_t(f.top())); // a NaN, or beyond range
     codes[i] = f.isSigned && x[i] < 0.0f ? -int32_t(q) : int32_t(q);

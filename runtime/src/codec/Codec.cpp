@@ -180,7 +180,7 @@ float minifloatScale(const abi::MinifloatFormat &f, float a, DType t, int *e) {
 /// The code of x against a scale 2^E (§2d): |x| * 2^(emax - 127 - E), whose
 /// bits plus the dither word's part moved to the code's last place, shifted
 /// down to the code's place (at most top), with x's sign for signed codes.
-/// `word` is h << 18 (2^31 rounds half up).
+/// `word` is h << 18 (2^31 - 1 rounds to nearest, ties down).
 int32_t minifloatCode(const abi::MinifloatFormat &f, float x, int e,
                       uint32_t word) {
   const float r = std::fabs(x) * std::ldexp(1.0f, f.emax() - 127 - e);
@@ -371,8 +371,9 @@ void quantize(const float *in, int64_t n, int64_t group,
     return;
   const bool isSigned = code_dtype == DType::I8;
   if (c == Compand::Minifloat) {
-    // Rounded to nearest (one half: the dither word 2^31), as the FlashOptim
-    // numerics round; the kernels' bounded numerics dither instead.
+    // Rounded to nearest, ties down (the dither word 2^31 - 1), as the
+    // FlashOptim numerics round; the kernels' bounded numerics dither
+    // instead.
     // Values that a group's codes decoded to (the f32 form of a checkpoint
     // or a state dict) encode back to the same values: the grid of a
     // minifloat times a power of two is the same at every power of two, so
@@ -387,7 +388,7 @@ void quantize(const float *in, int64_t n, int64_t group,
       storeScale(scales, scale_dtype, gi,
                  minifloatScale(f, a, scale_dtype, &e));
       for (int64_t i = g0; i < end; ++i) {
-        const int32_t code = minifloatCode(f, in[i], e, 0x80000000u);
+        const int32_t code = minifloatCode(f, in[i], e, 0x7FFFFFFFu);
         if (isSigned)
           static_cast<int8_t *>(codes)[i] = int8_t(code);
         else

@@ -798,17 +798,34 @@ TEST_CASE("quantize / dequantize: zero groups stay exactly zero") {
     x[40] = -0.0f;
     x[69] = 0.5f; // the tail group is not zero
     Quantized q = quantizeAll(x, c);
-    // Scale narrow_S(1e-12): 0 for f16.
-    uint32_t wantZeroScale = c.scale == DType::F16    ? 0u
-                             : c.scale == DType::BF16 ? ref::f32_to_bf16(1e-12f)
-                                                      : bits(1e-12f);
+    const bool minifloat = c.compand == "e3m4" || c.compand == "e4m4";
+    // Linear codes: the scale narrow_S(1e-12), 0 for f16. Minifloat codes
+    // (§2d): the smallest power of two of the range, 2^lo_S.
+    uint32_t wantZeroScale =
+        minifloat ? (c.scale == DType::F16    ? 0x0400u
+                     : c.scale == DType::BF16 ? 0x0080u
+                                              : 0x00800000u)
+        : c.scale == DType::F16  ? 0u
+        : c.scale == DType::BF16 ? ref::f32_to_bf16(1e-12f)
+                                 : bits(1e-12f);
     CHECK(q.scaleBits(0) == wantZeroScale);
     CHECK(q.scaleBits(1) == wantZeroScale);
     for (int i = 0; i < 69; ++i)
       CHECK(q.code(i, c.code) == 0);
     std::vector<float> d = dequantizeAll(q, c);
-    for (int i = 0; i < 69; ++i)
-      CHECK(bits(d[size_t(i)]) == 0u);
+    // Zero stays exactly +0, except in a zero-free code (e4m4, §2d), whose
+    // code 0 is 2^-(emax + M) = 2^-19 of the scale: 2^-33 with f16 scales,
+    // 2^-145 (an f32 subnormal) with bf16 and f32 scales. The tail group's
+    // zeros (scale 0.5 / 1.9375 rounded up to 2^-1) are 2^-20.
+    const bool zeroFree = c.compand == "e4m4";
+    uint32_t wantZero = !zeroFree                ? 0u
+                        : c.scale == DType::F16 ? bits(std::ldexp(1.0f, -33))
+                                                : bits(std::ldexp(1.0f, -145));
+    for (int i = 0; i < 64; ++i)
+      CHECK(bits(d[size_t(i)]) == wantZero);
+    for (int i = 64; i < 69; ++i)
+      CHECK(bits(d[size_t(i)]) ==
+            (zeroFree ? bits(std::ldexp(1.0f, -20)) : 0u));
     CHECK(d[69] == doctest::Approx(0.5).epsilon(0.01));
   }
 }
@@ -827,28 +844,49 @@ TEST_CASE("quantize / dequantize: NaN and Inf poison only their group") {
     x[40] = inf; // group 1
     Quantized q = quantizeAll(x, c);
     std::vector<float> d = dequantizeAll(q, c);
-    // NaN: the NaN-propagating absmax makes the scale NaN, every code 0,
-    // every element of the group NaN.
+    const bool minifloat = c.compand == "e3m4" || c.compand == "e4m4";
+    const int32_t top = c.code == DType::I8 ? 127 : 255;
+    // NaN: the NaN-propagating absmax makes the scale NaN and every element
+    // of the group NaN. Linear codes: every code 0. Minifloat codes (§2d):
+    // the codes are taken against the largest scale, the NaN's is top.
     float s0;
     codec::widen(&q.scales[0], c.scale, 1, &s0);
     CHECK(std::isnan(s0));
     for (int i = 0; i < 32; ++i) {
-      CHECK(q.code(i, c.code) == 0);
+      if (!minifloat)
+        CHECK(q.code(i, c.code) == 0);
       CHECK(std::isnan(d[size_t(i)]));
     }
-    // Inf: scale inf, codes 0 (x / inf = 0, inf / inf = NaN -> 0), and the
-    // group decodes to 0 * inf = NaN: visible, never silently finite.
+    if (minifloat)
+      CHECK(q.code(5, c.code) == top);
+    // Inf: scale inf. Linear codes 0 (x / inf = 0, inf / inf = NaN -> 0),
+    // and the group decodes to 0 * inf = NaN. Minifloat codes: the inf's
+    // code is top and the group decodes to V * inf = +-inf (a signed code 0:
+    // NaN). Visible either way, never silently finite.
     float s1;
     codec::widen(&q.scales[size_t(q.scaleBytes)], c.scale, 1, &s1);
     CHECK(s1 == inf);
     for (int i = 32; i < 64; ++i) {
-      CHECK(q.code(i, c.code) == 0);
-      CHECK(std::isnan(d[size_t(i)]));
+      if (!minifloat) {
+        CHECK(q.code(i, c.code) == 0);
+        CHECK(std::isnan(d[size_t(i)]));
+      } else {
+        CHECK_FALSE(std::isfinite(d[size_t(i)]));
+      }
+    }
+    if (minifloat) {
+      CHECK(q.code(40, c.code) == top);
+      CHECK(d[40] == inf);
     }
     // The last group is untouched.
     for (int i = 64; i < 96; ++i)
       CHECK(std::isfinite(d[size_t(i)]));
-    CHECK(q.code(95, c.code) == (c.code == DType::I8 ? 127 : 255));
+    // Linear codes put the absmax at top; a power-of-two scale puts 0.32 at
+    // V = 1.28 of 2^-2 (code emax * 16 + 4, 0.3125: within 1/32).
+    if (!minifloat)
+      CHECK(q.code(95, c.code) == top);
+    else
+      CHECK(d[95] == doctest::Approx(0.32).epsilon(1.0 / 32));
   }
 }
 

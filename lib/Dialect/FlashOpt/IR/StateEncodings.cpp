@@ -278,14 +278,16 @@ SmallVector<Value> QuantAttr::emitMinifloatEncode(OpBuilder &b, Location loc,
   Value r = arith::MulFOp::create(b, loc, absX, k);
   // The dither word h << 18 (h in the top 14 bits) moved to the code's last
   // place: (h << 18) >> (9 + M) = h << (9 - M), the fraction of a code in
-  // units of 2^-(23 - M); without a dither (FlashOptim numerics) one half.
+  // units of 2^-(23 - M); without a dither (FlashOptim numerics) one half
+  // less one bit: round to nearest, ties down, so that a zero-free code 0's
+  // value (half the first subnormal step) encodes back to code 0.
   int shift = 23 - fmt.mantissaBits;
   Value word =
       ditherStep
           ? DitherOp::create(b, loc, i32, ditherStep, b.getF32FloatAttr(0.0f),
                              b.getI32IntegerAttr(ditherPhase))
                 .getResult()
-          : i32Constant(b, loc, int64_t(1) << 31);
+          : i32Constant(b, loc, (int64_t(1) << 31) - 1);
   Value add = arith::ShRUIOp::create(b, loc, word,
                                      i32Constant(b, loc, 32 - shift));
   Value rbits = arith::BitcastOp::create(b, loc, i32, r);
