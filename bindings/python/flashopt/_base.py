@@ -21,6 +21,7 @@ from torch.optim import Optimizer
 from . import _lib as L
 from . import _state
 from ._bundle import _DTYPES, GRAD_SCALE, _Bundle, _device_key, _float, _is_dtensor
+from ._views import ParamState
 
 
 def spec_name(rule: str, dtype: torch.dtype, master_weight_bits: Optional[int],
@@ -186,14 +187,14 @@ class FlashOptimizer(Optimizer):
     def _bundle_key(p: torch.Tensor) -> tuple:
         return (p.dtype, _device_key(p.device))
 
-    def _mark_state(self, p, b: _Bundle) -> None:
-        """torch.distributed.checkpoint's get/set_optimizer_state_dict run a
-        step with zero gradients when `state` is empty (to create
-        torch.optim's lazy states), which would advance step counters.
-        flashopt's states exist from registration (in libflashopt, read
-        through state_dict()); `state` says so."""
-        from ._dtensor_state import SPEC_KEY
-        self.state[p] = {SPEC_KEY: b.spec}
+    def _mark_state(self, p, b: _Bundle, index: int) -> None:
+        """opt.state[p]: a view of p's state in libflashopt with torch's
+        keys, decoded when read (_views.ParamState). flashopt's states exist
+        from registration, so `state` is never empty either
+        (torch.distributed.checkpoint's get/set_optimizer_state_dict run a
+        step with zero gradients when it is, to create torch.optim's lazy
+        states, which would advance step counters)."""
+        self.state[p] = ParamState(b, index, p)
 
     def _add_dtensor_group(self, param_group: Dict[str, Any], params) -> None:
         """add_param_group for DTensor parameters (_dtensor.add_group): every
@@ -251,7 +252,7 @@ class FlashOptimizer(Optimizer):
             idx = b.add(p, gi, self._num_params)
             self._where[id(p)] = (b, idx)
             self._num_params += 1
-            self._mark_state(p, b)
+            self._mark_state(p, b, idx)
         for b in self._bundles.values():
             b.ensure_groups(len(self.param_groups))
         self._sync_group(gi)
@@ -530,23 +531,35 @@ class FlashOptimizer(Optimizer):
         self._sync_hypers()
 
     # ---- state_dict ----------------------------------------------------------------------
-    def state_dict(self) -> Dict[str, Any]:
-        """torch's layout ({'state', 'param_groups'}) with fp32 states per
-        parameter index ('step', 'exp_avg', ...), plus 'flashopt': the exact
-        compressed tensors (codes, scales, correction terms, parameters) and
-        metadata of every bundle, as libflashopt checkpoints them.
+    def state_dict(self, *, fp32_states: bool = False) -> Dict[str, Any]:
+        """torch's layout ({'state', 'param_groups'}, parameters by index).
+        Per parameter: "step", "flashopt.spec" and its exact compressed
+        state in the library's own dtypes (correction term, codes, scales;
+        AdamW bf16 + 24-bit: 3.125 B/param, no parameters and no fp32
+        copies). Loading it resumes the run bit for bit, given the same
+        parameters (the model's state dict holds those).
 
-        DTensor (FSDP2) parameters: per parameter, "step", "flashopt.spec" and
-        the exact compressed states as DTensors of global shapes, for
-        torch.distributed.checkpoint (_dtensor_dcp.py)."""
+        fp32_states=True: torch.optim's form instead, "step" and the fp32
+        states by torch's names ("exp_avg", "exp_avg_sq", "momentum_buffer"),
+        which torch.optim loads; loading it here re-encodes the states.
+
+        DTensor (FSDP2) parameters: the same entries as DTensors of global
+        shapes, for torch.distributed.checkpoint (_dtensor_dcp.py)."""
         if self._sharded is not None:
+            if fp32_states:
+                raise NotImplementedError(
+                    "flashopt: state_dict(fp32_states=True) is not available for DTensor "
+                    "(FSDP2) parameters; save the compact state dict with "
+                    "torch.distributed.checkpoint, and export fp32 from a single process "
+                    "(get_optimizer_state_dict(..., full_state_dict=True) loads into one)")
             return self._sharded.state_dict(self.param_groups)
-        return _state.state_dict(self.param_groups, self._bundle_list())
+        return _state.state_dict(self.param_groups, self._bundle_list(), fp32_states)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Loads a state_dict() of this optimizer exactly (its 'flashopt'
-        entry), or, without one, the fp32 states of a torch.optim state dict of
-        the same parameters ('exp_avg', 'momentum_buffer', ...)."""
+        """Loads a state_dict() of this optimizer exactly (its per-parameter
+        "flashopt.spec" entries; also the first format's top-level
+        'flashopt' entry), or the fp32 states of a torch.optim state dict of
+        the same parameters ('exp_avg', 'momentum_buffer', ...), encoded."""
         groups = state_dict["param_groups"]
         _state.check_groups(self.param_groups, groups)
         if self._sharded is not None:

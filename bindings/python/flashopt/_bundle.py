@@ -5,9 +5,10 @@ binding is a method here; the torch classes never build ctypes arguments."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import tempfile
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -20,6 +21,9 @@ _DTYPES = {
 }
 _TORCH_OF = {L.BF16: torch.bfloat16, L.F16: torch.float16, L.F32: torch.float32,
              L.I8: torch.int8, L.U8: torch.uint8, L.I16: torch.int16}
+# manifest.json's buffer dtypes.
+_BUFFER_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
+                  "i8": torch.int8, "ui8": torch.uint8, "i16": torch.int16}
 
 # The hyper-parameter every step kernel has after the rule's own
 # (abi/include/flashopt/abi/KernelAbi.h kGradScaleHyper): the gradient is
@@ -81,6 +85,11 @@ class _Bundle:
             s = ctypes.c_char_p()
             self._call("flashopt_hyper_name", h, i, ctypes.byref(s))
             self.hyper_names.add(s.value.decode())
+        self.state_names: List[str] = []  # stored states, torch's names for the shipped rules
+        for i in range(info.num_states):
+            s = ctypes.c_char_p()
+            self._call("flashopt_state_name", h, i, ctypes.byref(s))
+            self.state_names.append(s.value.decode())
         self.num_groups = 1
         self.params: List[torch.Tensor] = []
         self.names: List[str] = []  # each parameter's name in checkpoints
@@ -89,6 +98,7 @@ class _Bundle:
         self.grad_ptrs: List[int] = []
         self.hyper_cache: Dict[tuple, float] = {}
         self._stream = None  # the CUDA stream handle set with flashopt_set_stream
+        self._buffers = None  # buffers(), read from the manifest once
 
     def _call(self, name: str, *args):
         L.check(getattr(self._lib, name)(*args), name)
@@ -237,6 +247,30 @@ class _Bundle:
         self._call("flashopt_export_master_f32", self.handle, i,
                    ctypes.c_void_p(out.data_ptr()), out.numel())
         return out
+
+    def buffers(self) -> List[Tuple[str, str, torch.dtype]]:
+        """The library-owned buffers of each parameter (correction term,
+        codes, scales, unquantized states) as (name, "element" or "group",
+        dtype), in the manifest's order."""
+        if self._buffers is None:
+            with open(self.path / "manifest.json") as f:
+                m = json.load(f)
+            self._buffers = [(x["name"], x["per"], _BUFFER_DTYPES[x["dtype"]])
+                             for x in m["buffers"] if x["name"] not in ("param", "grad")]
+        return self._buffers
+
+    def export_state(self, i: int, name: str) -> torch.Tensor:
+        """Parameter i's state `name` decoded to fp32, flat, in host memory."""
+        out = torch.empty(self.params[i].numel(), dtype=torch.float32)
+        self._call("flashopt_export_state_f32", self.handle, i, name.encode(),
+                   ctypes.c_void_p(out.data_ptr()), out.numel())
+        return out
+
+    def import_state(self, i: int, name: str, value: torch.Tensor):
+        """Encodes fp32 values (any shape of parameter i's numel) into its state `name`."""
+        v = value.detach().to(device="cpu", dtype=torch.float32).contiguous().reshape(-1)
+        self._call("flashopt_import_state_f32", self.handle, i, name.encode(),
+                   ctypes.c_void_p(v.data_ptr()), v.numel())
 
     def import_master(self, i: int, value: torch.Tensor):
         v = value.detach().to(device="cpu", dtype=torch.float32).contiguous()

@@ -538,7 +538,9 @@ def add_group(opt, param_group: Dict[str, Any], params,
     opt._sharded.add_group(fresh, group, gi, first, opt._bundles, bundle_of)
     for k, p in enumerate(fresh):
         opt._where[id(p)] = (opt._sharded.layouts[-len(fresh) + k].bundle, -1)
-        opt._mark_state(p, opt._where[id(p)][0])
+        # Not yet a view (_views.ParamState) for DTensor parameters: the
+        # entry names the bundle, so that `state` is not empty (DCP).
+        opt.state[p] = {SPEC_KEY: opt._where[id(p)][0].spec}
     opt._num_params += len(fresh)
     for b in opt._bundles.values():
         b.ensure_groups(len(opt.param_groups))

@@ -19,7 +19,6 @@ pieces. docs/PYTHON.md "FSDP2 and DCP" has the costs.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -28,26 +27,13 @@ from . import _lib as L
 from . import _state
 from ._bundle import _Bundle, _float
 from ._dtensor_layout import Layout, _Piece, _types
-
 # A parameter's entries in the state dict besides its states.
-SPEC_KEY = "flashopt.spec"
-STEP_KEY = "step"
-
-_TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
-                "i8": torch.int8, "ui8": torch.uint8, "i16": torch.int16}
+from ._views import SPEC_KEY, STEP_KEY  # noqa: F401 (re-exported)
 
 
 def state_buffers(b: _Bundle) -> List[Tuple[str, str, torch.dtype]]:
-    """The bundle's library-owned buffers (correction, codes, scales, fp32
-    states): (name, "element" or "group", dtype), from its manifest."""
-    cached = getattr(b, "_state_buffers", None)
-    if cached is None:
-        with open(b.path / "manifest.json") as f:
-            m = json.load(f)
-        cached = [(x["name"], x["per"], _TORCH_DTYPE[x["dtype"]]) for x in m["buffers"]
-                  if x["name"] not in ("param", "grad")]
-        b._state_buffers = cached
-    return cached
+    """The bundle's library-owned buffers (_Bundle.buffers)."""
+    return b.buffers()
 
 
 def elem_buffers(b: _Bundle) -> List[str]:
@@ -119,7 +105,8 @@ def entry_states(lay: Layout, entry: Dict[str, Any], b: _Bundle):
             raise ValueError(
                 f"flashopt: the state was written with numerics={theirs!r} (bundle {spec}), "
                 f"but this optimizer runs bundle {b.spec}. Build the optimizer with "
-                f"numerics={theirs!r} to resume the run bit for bit (docs/NUMERICS.md §8)")
+                f"numerics={theirs!r} to resume the run bit for bit (docs/NUMERICS.md §8), "
+                f"or load its fp32 states (state_dict(fp32_states=True)) as a conversion")
         raise ValueError(f"flashopt: the state of p{lay.gid} is of bundle {spec}, this "
                          f"optimizer runs {b.spec}")
     own = {}
@@ -136,6 +123,20 @@ def entry_states(lay: Layout, entry: Dict[str, Any], b: _Bundle):
                             f"{b.spec} holds {dt}")
         if isinstance(v, DTensor):
             local = v.to_local().detach().cpu()
+        elif per == "group" and v.dim() == 1:
+            # A single-process state dict's flat scales, one per group of the
+            # full tensor: this rank's groups [kf, kl].
+            ng = -(-lay.N // lay.G)
+            if v.numel() != ng:
+                raise ValueError(f"flashopt: the state {name!r} of p{lay.gid} holds "
+                                 f"{v.numel()} scales, its {lay.N} elements make {ng} "
+                                 f"groups of {lay.G}")
+            if r1 > r0:
+                kf, kl = lay.own_groups()
+                own[name] = v.detach().cpu()[kf:kl + 1].contiguous()
+            else:
+                own[name] = torch.empty(0, dtype=dt)
+            continue
         else:  # a full tensor: this rank's part
             full = v.detach().cpu()
             local = (full.reshape(-1)[lay.s:lay.e] if per == "element"
@@ -191,7 +192,10 @@ def plain_checkpoint(b: _Bundle, entries: List[Optional[Dict[str, Any]]]) -> byt
         p = b.params[i]
         lay = Layout.from_plain(b.global_ids[i], tuple(p.shape), p.numel(), G)
         lay.pieces = [_Piece(0, lay.N, False, None, None, b.names[i])]
-        own, step = entry_states(lay, entry, b)
+        try:
+            own, step = entry_states(lay, entry, b)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{e}; nothing was loaded") from None
         fill_pieces(lay, own, tensors, b, None)
         steps[b.names[i]] = step
     return _state.write(tensors, _state.without_checksums(_state.with_steps(meta, steps)))

@@ -82,8 +82,10 @@ def test_changed_tensors_need_the_checksums_gone():
 def test_state_dict_layout():
     opt, ps = stepped(flashopt.FlashSGD, momentum=0.9)
     sd = opt.state_dict()
-    assert set(sd) == {"state", "param_groups", _state.KEY}
-    assert sd[_state.KEY]["version"] == _state.VERSION
-    assert set(sd["state"][0]) == {"step", "momentum_buffer"}
-    (entry,) = sd[_state.KEY]["bundles"].values()
-    assert set(entry) == {"metadata", "tensors"}
+    # Only torch's keys: tools that keep "state" and "param_groups" keep all.
+    assert set(sd) == {"state", "param_groups"}
+    (b,) = opt._bundle_list()
+    assert [n for n, _, _ in b.buffers()] == ["momentum_buffer.codes", "momentum_buffer.scales"]
+    assert set(sd["state"][0]) == {"step", "flashopt.spec", "momentum_buffer.codes",
+                                   "momentum_buffer.scales"}
+    assert set(opt.state_dict(fp32_states=True)["state"][0]) == {"step", "momentum_buffer"}

@@ -257,11 +257,10 @@ def absent_tokens(make_opt, absent, fp32=False):
             grad[odd] = 0
         p.grad = grad.to(p.dtype)
         opt.step()
+    v = opt.state[p]["exp_avg_sq"][odd].mean()
     if fp32:
-        v = opt.state[p]["exp_avg_sq"][odd].mean()
         before = p.detach().clone()
     else:
-        v = opt.state_dict()["state"][0]["exp_avg_sq"][odd].mean()
         before = opt.export_master(p).view(64, 64).clone()
     p.grad = torch.randn(64, 64, generator=g).to(torch.bfloat16).to(p.dtype)
     opt.step()

@@ -232,6 +232,13 @@ FLASHOPT_API flashopt_status flashopt_hyper_name(flashopt_optimizer opt,
                                                  int32_t index,
                                                  const char **out);
 
+/** The name of stored state `index` (0 <= index < num_states: the states
+ *  with buffers, elided ones left out), in the manifest's order, e.g.
+ *  "exp_avg" then "exp_avg_sq"; torch.optim's names for the shipped rules. */
+FLASHOPT_API flashopt_status flashopt_state_name(flashopt_optimizer opt,
+                                                 int32_t index,
+                                                 const char **out);
+
 /*===----------------------------------------------------------------------===*
  * Param groups and hyper-parameters
  *===----------------------------------------------------------------------===*/
@@ -483,6 +490,26 @@ FLASHOPT_API flashopt_status flashopt_import_master_f32(flashopt_optimizer opt,
                                                         int64_t index,
                                                         const float *in,
                                                         int64_t numel);
+
+/** Writes state `state` (a name flashopt_state_name gives) of parameter
+ *  `index`, decoded to fp32 (docs/NUMERICS.md §2: codes times scales,
+ *  companded back), to `out`, `numel` floats of host memory: what a
+ *  checkpoint's f32 form holds. Nothing is stepped or changed. */
+FLASHOPT_API flashopt_status flashopt_export_state_f32(flashopt_optimizer opt,
+                                                       int64_t index,
+                                                       const char *state,
+                                                       float *out,
+                                                       int64_t numel);
+/** Sets state `state` of parameter `index` from `numel` fp32 values in host
+ *  memory, encoded as loading a checkpoint's f32 form encodes them
+ *  (quantized states: per-group scales and codes rounded to nearest). The
+ *  parameter, its correction term, other states and the step counters are
+ *  left alone. */
+FLASHOPT_API flashopt_status flashopt_import_state_f32(flashopt_optimizer opt,
+                                                       int64_t index,
+                                                       const char *state,
+                                                       const float *in,
+                                                       int64_t numel);
 
 /** What check_numerics found for one parameter (docs/NUMERICS.md §4.3). */
 typedef struct flashopt_numerics_report {

@@ -238,6 +238,18 @@ public:
     }
     return out;
   }
+  /// The stored states' names (elided ones left out), in the manifest's
+  /// order.
+  std::vector<std::string> state_names() const {
+    std::vector<std::string> out;
+    flashopt_optimizer_info i = info();
+    for (int32_t k = 0; k < i.num_states; ++k) {
+      const char *n = nullptr;
+      detail::check(flashopt_state_name(h_, k, &n));
+      out.emplace_back(n);
+    }
+    return out;
+  }
 
   // ---- param groups and hyper-parameters ---------------------------------
   /// Adds a param group with the manifest's defaults; returns its index.
@@ -384,6 +396,20 @@ public:
   }
   void import_master_f32(int64_t index, const float *in, int64_t numel) {
     detail::check(flashopt_import_master_f32(h_, index, in, numel));
+  }
+  /// State `state` of parameter `index`, decoded to fp32.
+  std::vector<float> export_state_f32(int64_t index,
+                                      const std::string &state) const {
+    std::vector<float> out(size_t(param_info(index).numel));
+    detail::check(flashopt_export_state_f32(h_, index, state.c_str(),
+                                            out.data(), int64_t(out.size())));
+    return out;
+  }
+  /// Sets state `state` of parameter `index` from fp32 values (encoded).
+  void import_state_f32(int64_t index, const std::string &state,
+                        const std::vector<float> &in) {
+    detail::check(flashopt_import_state_f32(h_, index, state.c_str(), in.data(),
+                                            int64_t(in.size())));
   }
   /// Runs check_numerics. A numerics problem does not throw: it is in the
   /// report (params_too_small, nonfinite_params) and, when `message` is

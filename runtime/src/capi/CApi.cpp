@@ -243,6 +243,26 @@ flashopt_status flashopt_hyper_name(flashopt_optimizer opt, int32_t index,
   });
 }
 
+flashopt_status flashopt_state_name(flashopt_optimizer opt, int32_t index,
+                                    const char **out) {
+  return guard("flashopt_state_name", [&] {
+    needOut(out, "out");
+    Locked o(opt);
+    int32_t k = 0;
+    for (const StateSpec &s : o->m->states) {
+      if (flashopt::abi::state_buffers(s).empty())
+        continue;
+      if (k++ == index) {
+        *out = s.name.c_str();
+        return;
+      }
+    }
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         "state index " + std::to_string(index) + " is out of range (" +
+             o->m->name + " stores " + std::to_string(k) + " states)");
+  });
+}
+
 // ---- param groups and hyper-parameters -------------------------------------
 
 flashopt_status flashopt_add_param_group(flashopt_optimizer opt,

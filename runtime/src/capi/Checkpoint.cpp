@@ -16,7 +16,6 @@
 
 #include "CheckpointFormat.h"
 #include "MasterWeights.h"
-#include "codec/Codec.h"
 #include "safetensors/Safetensors.h"
 
 #include <nlohmann/json.hpp>
@@ -103,22 +102,9 @@ struct Image {
 std::vector<uint8_t> tensorBytes(OptObj &o, const Expect &e, bool f32) {
   if (!f32)
     return o.read(e.param, e.buffer);
-  std::vector<float> v;
-  if (e.state.empty()) {
-    v = exportMaster(o, e.param);
-  } else {
-    const Manifest &m = *o.m;
-    const StateSpec &s = stateNamed(m, e.state);
-    const int64_t numel = o.params[size_t(e.param)].numel;
-    v.resize(size_t(numel));
-    std::vector<std::vector<uint8_t>> stored;
-    std::vector<const void *> buffers;
-    for (const abi::StateBuffer &b : abi::state_buffers(s))
-      stored.push_back(o.read(e.param, s.name + b.suffix));
-    for (const std::vector<uint8_t> &b : stored)
-      buffers.push_back(b.data());
-    codec::decode_state(s, buffers, m.group_size, numel, v.data());
-  }
+  std::vector<float> v =
+      e.state.empty() ? exportMaster(o, e.param)
+                      : exportState(o, e.param, stateNamed(*o.m, e.state));
   const auto *b = reinterpret_cast<const uint8_t *>(v.data());
   return std::vector<uint8_t>(b, b + v.size() * sizeof(float));
 }

@@ -17,7 +17,6 @@
 
 #include "CheckpointFormat.h"
 #include "MasterWeights.h"
-#include "codec/Codec.h"
 #include "safetensors/Safetensors.h"
 
 #include <nlohmann/json.hpp>
@@ -396,21 +395,7 @@ void apply(OptObj &o, const safetensors::File &f, const Plan &p) {
       importMaster(o, e.param, v.data());
       continue;
     }
-    const StateSpec &s = stateNamed(m, e.state);
-    const int64_t numel = o.params[size_t(e.param)].numel;
-    const int64_t ng = (numel + m.group_size - 1) / m.group_size;
-    std::vector<abi::StateBuffer> layout = abi::state_buffers(s);
-    std::vector<std::vector<uint8_t>> stored;
-    std::vector<void *> buffers;
-    for (const abi::StateBuffer &b : layout)
-      stored.emplace_back(
-          size_t((b.per == Per::Group ? ng : numel) * dtype_size(b.dtype)));
-    for (std::vector<uint8_t> &b : stored)
-      buffers.push_back(b.data());
-    codec::encode_state(s, v.data(), m.group_size, numel, buffers);
-    for (size_t k = 0; k < layout.size(); ++k)
-      o.write(e.param, s.name + layout[k].suffix, stored[k].data(),
-              int64_t(stored[k].size()));
+    importState(o, e.param, stateNamed(m, e.state), v.data());
   }
   for (size_t g = 0; g < p.hypers.size(); ++g)
     for (size_t h = 0; h < m.hypers.size(); ++h)

@@ -26,6 +26,15 @@ void importMaster(OptObj &o, int64_t i, const float *in);
 void checkMasterFits(const OptObj &o, int64_t i, const float *in,
                      flashopt_status code, const std::string &where);
 
+/// The stored state `state` of the manifest (one with buffers: not elided),
+/// or nullptr.
+const StateSpec *storedState(const Manifest &m, const std::string &state);
+/// Parameter `i`'s state `s` decoded to fp32 (the codec's decode_state).
+std::vector<float> exportState(OptObj &o, int64_t i, const StateSpec &s);
+/// Sets parameter `i`'s state `s` from fp32 values (the codec's
+/// encode_state: quantized states round to nearest, docs/NUMERICS.md §2).
+void importState(OptObj &o, int64_t i, const StateSpec &s, const float *in);
+
 } // namespace flashopt::capi
 
 #endif // FLASHOPT_CAPI_MASTERWEIGHTS_H

@@ -5,7 +5,8 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// fp32 master weights in and out, check_numerics (numerics.md §4.3), and
+/// fp32 master weights and states in and out (one parameter, one state at a
+/// time: MasterWeights.cpp), check_numerics (numerics.md §4.3), and
 /// checkpoint save/load to files or buffers (capi/Checkpoint.cpp and
 /// capi/CheckpointLoad.cpp do the work).
 ///
@@ -64,6 +65,48 @@ flashopt_status flashopt_export_master_f32(flashopt_optimizer opt,
     checkNumel(*o, index, numel);
     std::vector<float> v = exportMaster(*o, index);
     std::memcpy(out, v.data(), v.size() * sizeof(float));
+  });
+}
+
+namespace {
+/// The stored state named `state`, or an INVALID_ARGUMENT naming the states
+/// there are.
+const StateSpec &stateArg(const OptObj &o, const char *state) {
+  needOut(state, "state");
+  if (const StateSpec *s = storedState(*o.m, state))
+    return *s;
+  std::string names;
+  for (const StateSpec &s : o.m->states)
+    if (!flashopt::abi::state_buffers(s).empty())
+      names += (names.empty() ? "" : ", ") + quote(s.name);
+  fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+       o.m->name + " stores no state " + quote(state) + " (it stores " +
+           (names.empty() ? std::string("none") : names) + ")");
+}
+} // namespace
+
+flashopt_status flashopt_export_state_f32(flashopt_optimizer opt, int64_t index,
+                                          const char *state, float *out,
+                                          int64_t numel) {
+  return guard("flashopt_export_state_f32", [&] {
+    needOut(out, "out");
+    Locked o(opt);
+    const StateSpec &s = stateArg(*o, state);
+    checkNumel(*o, index, numel);
+    std::vector<float> v = exportState(*o, index, s);
+    std::memcpy(out, v.data(), v.size() * sizeof(float));
+  });
+}
+
+flashopt_status flashopt_import_state_f32(flashopt_optimizer opt, int64_t index,
+                                          const char *state, const float *in,
+                                          int64_t numel) {
+  return guard("flashopt_import_state_f32", [&] {
+    needOut(in, "in");
+    Locked o(opt);
+    const StateSpec &s = stateArg(*o, state);
+    checkNumel(*o, index, numel);
+    importState(*o, index, s, in);
   });
 }
 
