@@ -6,7 +6,8 @@ its whole checkpoint directory, and a DCP checkpoint of FSDP2 at 2 ranks.
 
 A GPT-2 (6 layers, 384 wide: 11.6 M parameters) trained 2 steps on random
 tokens on the CPU. flashopt: FlashAdamW with bf16 weights (cast_model: norms
-fp32) and 24-bit master weights; torch: torch.optim.AdamW with fp32 weights
+fp32; all bf16 under FSDP2) and 24-bit master weights; torch:
+torch.optim.AdamW with fp32 weights
 (the usual mixed-precision setup) and, for reference, with bf16 weights.
 Prints a markdown table (docs/PYTHON.md "The optimizer state" has one).
 """
@@ -34,7 +35,7 @@ VOCAB, SEQ = 512, 64
 def gpt2(dtype):
     import transformers
     cfg = transformers.GPT2Config(n_layer=6, n_head=6, n_embd=384, vocab_size=VOCAB,
-                                  n_positions=SEQ)
+                                  n_positions=SEQ, bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     m = transformers.GPT2LMHeadModel(cfg)
     if dtype == torch.bfloat16:
@@ -65,8 +66,7 @@ def trainer_sizes(kind, dtype, out: Path):
     opt = make_opt(kind, model)
     args = transformers.TrainingArguments(
         output_dir=str(out), max_steps=2, per_device_train_batch_size=8, save_strategy="steps",
-        save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
-        save_safetensors=True)
+        save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
     transformers.Trainer(model=model, args=args, train_dataset=dataset(),
                          optimizers=(opt, None)).train()
     ckpt = out / "checkpoint-2"
@@ -87,7 +87,8 @@ def _dcp_rank(rank, W, port, kind, d):
                             timeout=datetime.timedelta(seconds=120))
     try:
         mesh = init_device_mesh("cpu", (W,))
-        model = gpt2(torch.bfloat16 if kind == "flashopt" else torch.float32)
+        # FSDP2 wants one dtype per sharded module: no fp32 norms here.
+        model = gpt2(torch.float32).to(torch.bfloat16 if kind == "flashopt" else torch.float32)
         for block in model.transformer.h:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)

@@ -78,6 +78,12 @@ def test_trainer_checkpoint_and_resume_continue_bit_for_bit(tmp_path):
     assert sorted(opt.specs()) == ["adamw_bf16_m24", "adamw_f32"]
     ckpt = tmp_path / "a" / "checkpoint-3"
     assert (ckpt / "optimizer.pt").is_file()
+    # The compact state dict: bf16 weights' correction terms, codes and scales
+    # (3.125 B/param), the fp32 norms' fp32 states (8), pickle's framing.
+    n = sum(p.numel() for p in full.parameters())
+    n32 = sum(p.numel() for p in full.parameters() if p.dtype == torch.float32)
+    size = (ckpt / "optimizer.pt").stat().st_size
+    assert size <= 3.125 * (n - n32) + 8 * n32 + 40_000, (size, n, n32)
     resumed, opt2, tr2 = run(tmp_path / "b", resume=str(ckpt))
     assert tr2.state.global_step == 6
     for (n, a), (_, b) in zip(full.named_parameters(), resumed.named_parameters()):
