@@ -844,6 +844,73 @@ TEST_CASE(
       }
 }
 
+TEST_CASE("buffers and the master codec without an optimizer") {
+  Single s(100, 0.5f, 0.01f);
+  for (int k = 0; k < 3; ++k)
+    stepOk(s.opt);
+  // Every buffer reads back in its own dtype and size; a write is read back.
+  std::vector<int8_t> corr(100), codes(100);
+  std::vector<uint16_t> scales(4);
+  REQUIRE(flashopt_read_buffer(s.opt, 0, "correction", corr.data(), 100) ==
+          FLASHOPT_OK);
+  REQUIRE(flashopt_read_buffer(s.opt, 0, "exp_avg.codes", codes.data(), 100) ==
+          FLASHOPT_OK);
+  REQUIRE(flashopt_read_buffer(s.opt, 0, "exp_avg.scales", scales.data(), 8) ==
+          FLASHOPT_OK);
+  CHECK(std::any_of(codes.begin(), codes.end(), [](int8_t c) { return c; }));
+  CHECK(flashopt_read_buffer(s.opt, 0, "exp_avg.scales", scales.data(), 6) ==
+        FLASHOPT_ERROR_SIZE);
+  CHECK(flashopt_read_buffer(s.opt, 0, "param", corr.data(), 200) ==
+        FLASHOPT_ERROR_INVALID_ARGUMENT);
+  CHECK(contains(flashopt_last_error(), "'correction', 'exp_avg.codes'"));
+  CHECK(flashopt_read_buffer(s.opt, 1, "correction", corr.data(), 100) ==
+        FLASHOPT_ERROR_INVALID_ARGUMENT);
+  // The codec decodes the parameter and its correction term as the
+  // optimizer does.
+  std::vector<float> master(100), decoded(100);
+  REQUIRE(flashopt_export_master_f32(s.opt, 0, master.data(), 100) ==
+          FLASHOPT_OK);
+  REQUIRE(flashopt_decode_master_f32(FLASHOPT_BF16, s.param.data(),
+                                     FLASHOPT_I8, corr.data(), 100,
+                                     decoded.data()) == FLASHOPT_OK);
+  CHECK(std::memcmp(master.data(), decoded.data(), 400) == 0);
+  // ... and encodes a master into a pair that decodes to it.
+  std::vector<uint16_t> p2(100);
+  std::vector<int8_t> c2(100);
+  REQUIRE(flashopt_encode_master_f32(master.data(), 100, FLASHOPT_BF16,
+                                     p2.data(), FLASHOPT_I8,
+                                     c2.data()) == FLASHOPT_OK);
+  REQUIRE(flashopt_decode_master_f32(FLASHOPT_BF16, p2.data(), FLASHOPT_I8,
+                                     c2.data(), 100,
+                                     decoded.data()) == FLASHOPT_OK);
+  CHECK(std::memcmp(master.data(), decoded.data(), 400) == 0);
+  CHECK(flashopt_decode_master_f32(FLASHOPT_F32, p2.data(), FLASHOPT_I8,
+                                   c2.data(), 100, decoded.data()) ==
+        FLASHOPT_ERROR_INVALID_ARGUMENT);
+  CHECK(contains(flashopt_last_error(), "no master-weight encoding"));
+  CHECK(flashopt_encode_master_f32(master.data(), 100, FLASHOPT_BF16,
+                                   p2.data(), FLASHOPT_U8, c2.data()) ==
+        FLASHOPT_ERROR_INVALID_ARGUMENT);
+  CHECK(flashopt_decode_master_f32(flashopt_dtype(9), p2.data(), FLASHOPT_I8,
+                                   nullptr, 100, decoded.data()) ==
+        FLASHOPT_ERROR_INVALID_ARGUMENT);
+  // A written correction term is the optimizer's: the master follows it.
+  std::vector<int8_t> zero(100, 0);
+  REQUIRE(flashopt_write_buffer(s.opt, 0, "correction", zero.data(), 100) ==
+          FLASHOPT_OK);
+  REQUIRE(flashopt_export_master_f32(s.opt, 0, master.data(), 100) ==
+          FLASHOPT_OK);
+  std::vector<float> plain(100);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    uint16_t h = 0;
+    std::memcpy(&h, s.param.data() + 2 * i, 2);
+    plain[i] = bf16_to_f32(h);
+  }
+  CHECK(master == plain);
+  CHECK(flashopt_write_buffer(s.opt, 0, "correction", zero.data(), 99) ==
+        FLASHOPT_ERROR_SIZE);
+}
+
 TEST_CASE("check_numerics flags a tiny lr and passes a normal one") {
   Single s(1000, 1.0f); // max |w| in [1, 2)
   flashopt_numerics_report r{};

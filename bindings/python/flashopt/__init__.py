@@ -9,6 +9,7 @@ $FLASHOPT_LIBRARY / $FLASHOPT_KERNELS, or the source tree's build/ directory.
 """
 
 from ._lib import FlashOptError, kernels_dir, library_path, set_cpu_threads, version
+from .master import decode_master, encode_master
 from .optim import (FlashAdam, FlashAdamW, FlashLion, FlashOptimizer, FlashSGD, FlashSGDW,
                     MissingBundleError, NumericsError, spec_name)
 from .utils import GradientReleaseHandle, cast_model, enable_gradient_release
@@ -19,5 +20,6 @@ __all__ = [
     "FlashSGD", "FlashSGDW", "FlashAdam", "FlashAdamW", "FlashLion", "FlashOptimizer",
     "FlashOptError", "MissingBundleError", "NumericsError", "spec_name",
     "cast_model", "enable_gradient_release", "GradientReleaseHandle",
+    "decode_master", "encode_master",
     "kernels_dir", "library_path", "set_cpu_threads", "version",
 ]

@@ -397,6 +397,18 @@ class FlashOptimizer(Optimizer):
         if wait:
             b.synchronize()
 
+    def step_param(self, p: torch.Tensor, group: Optional[Dict[str, Any]] = None) -> None:
+        """Steps parameter p alone now, with the hyper-parameters of its param
+        group (`group`, if given, must be that group). Its gradient stays."""
+        if id(p) not in self._where:
+            raise ValueError(f"flashopt: step_param: the parameter (shape {tuple(p.shape)}) is "
+                             "not in this optimizer")
+        if group is not None and not any(q is p for q in group["params"]):
+            raise ValueError("flashopt: step_param: the parameter is not in the given group "
+                             "(its hyper-parameters are its own group's)")
+        with torch.no_grad():
+            self._step_one(p)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._gradient_release is not None:
             warnings.warn("flashopt: zero_grad() does nothing while gradient release is enabled")
@@ -569,8 +581,14 @@ class FlashOptimizer(Optimizer):
         bundles = self._bundle_list()
         # Every checkpoint is built and well-formed before any bundle changes;
         # the library validates each fully before it changes anything.
-        for b, data in zip(bundles, _state.checkpoints_from_state_dict(bundles, state_dict)):
+        for b, (data, buffers) in zip(bundles,
+                                      _state.checkpoints_from_state_dict(bundles, state_dict)):
             b.load_checkpoint_bytes(data)
+            for (i, name), v in buffers.items():  # parameters and correction terms
+                if name == "param":
+                    b.params[i].detach().copy_(v)
+                else:
+                    b.write_buffer(i, name, v)
         self._groups_from(groups)
 
     def _groups_from(self, groups) -> None:

@@ -259,6 +259,25 @@ class _Bundle:
                              for x in m["buffers"] if x["name"] not in ("param", "grad")]
         return self._buffers
 
+    def read_buffer(self, i: int, name: str) -> torch.Tensor:
+        """Parameter i's buffer `name` (buffers()) as stored, flat, in host memory."""
+        for n, per, dt in self.buffers():
+            if n == name:
+                numel = self.params[i].numel()
+                if per == "group":
+                    numel = -(-numel // int(self.info.group_size))
+                out = torch.empty(numel, dtype=dt)
+                self._call("flashopt_read_buffer", self.handle, i, name.encode(),
+                           ctypes.c_void_p(out.data_ptr()), out.numel() * out.element_size())
+                return out
+        raise KeyError(f"flashopt: {self.spec} has no buffer {name!r}")
+
+    def write_buffer(self, i: int, name: str, value: torch.Tensor):
+        """Overwrites parameter i's buffer `name` with `value`'s bits (its dtype and size)."""
+        v = value.detach().to("cpu").contiguous()
+        self._call("flashopt_write_buffer", self.handle, i, name.encode(),
+                   ctypes.c_void_p(v.data_ptr()), v.numel() * v.element_size())
+
     def export_state(self, i: int, name: str) -> torch.Tensor:
         """Parameter i's state `name` decoded to fp32, flat, in host memory."""
         out = torch.empty(self.params[i].numel(), dtype=torch.float32)

@@ -118,12 +118,11 @@ def state_dict(param_groups, bundles, fp32_states: bool = False) -> Dict[str, An
                     st[name] = b.export_state(i, name).reshape(p.shape)
                 state[b.global_ids[i]] = st
             continue
-        tensors, _ = read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
         for i, p in enumerate(b.params):
             st = {STEP_KEY: torch.tensor(float(b.get_step(i))), SPEC_KEY: b.spec}
             for name, per, _ in b.buffers():
-                t = tensors[f"{b.names[i]}.{name}"]
-                st[name] = t.reshape(p.shape) if per == "element" else t.reshape(-1)
+                t = b.read_buffer(i, name)
+                st[name] = t.reshape(p.shape) if per == "element" else t
             state[b.global_ids[i]] = st
     return {"state": state, "param_groups": groups}
 
@@ -138,10 +137,13 @@ def check_groups(param_groups, groups) -> None:
                              "match the size of optimizer's group")
 
 
-def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]) -> List[bytes]:
+def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]
+                                ) -> List[Tuple[bytes, Dict[Tuple[int, str], torch.Tensor]]]:
     """One checkpoint per bundle from a state dict: its KEY entry (exact), or
     without one the fp32 states of a torch.optim state dict of the same
-    parameters. Everything is built before the caller loads any."""
+    parameters; each with the buffers to write after it ((parameter index,
+    buffer name) -> bits: a FlashOptim state dict's correction terms).
+    Everything is built and checked before the caller loads any."""
     fo = sd.get(KEY)
     out = []
     for b in bundles:
@@ -159,13 +161,13 @@ def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]) -> List[bytes]:
                 raise ValueError(f"flashopt: the state dict has no state for {b.spec} "
                                  f"(it has {sorted(fo['bundles'])})")
             e = fo["bundles"][b.spec]
-            out.append(write(e["tensors"], e["metadata"]))
+            out.append((write(e["tensors"], e["metadata"]), {}))
         elif _has_exact_entries(sd["state"]):
             # DCP's full state of an FSDP2 run (exact per-parameter states).
             from ._dtensor_state import plain_checkpoint
-            out.append(plain_checkpoint(b, _entries_by_position(b, sd)))
+            out.append((plain_checkpoint(b, _entries_by_position(b, sd)), {}))
         else:
-            out.append(f32_checkpoint_from_torch_state(b, sd["state"]))
+            out.append(f32_checkpoint_from_torch_state(b, sd["state"], sd.get("param_groups")))
     return out
 
 
@@ -190,12 +192,54 @@ def _other_numerics(spec: str, have) -> "str | None":
     return other if other in have else None
 
 
-def f32_checkpoint_from_torch_state(b, state) -> bytes:
+def _correction_of(v: torch.Tensor, gid: int, groups) -> torch.Tensor:
+    """A FlashOptim state dict's "error_bits" (the correction term) as int8 or
+    int16: torch.optim's load casts states to the parameter's dtype, so
+    FlashOptim saves an int8 term as its numeric bf16/fp16 value and an int16
+    one bit-viewed; the param group's "master_bytewidth" says which."""
+    if v.dtype in (torch.int8, torch.int16):
+        return v
+    width = None
+    if groups:
+        at = 0
+        for g in groups:
+            n = len(g["params"])
+            if gid < at + n:
+                width = g.get("master_bytewidth")
+                break
+            at += n
+    if width == 3:
+        return v.to(torch.int8)
+    if width == 4 and v.element_size() == 2:
+        return v.view(torch.int16)
+    raise ValueError(f"flashopt: the 'error_bits' of parameter {gid} are {v.dtype} and its "
+                     f"param group gives master_bytewidth {width!r}: not a correction term "
+                     f"(int8, int16, or FlashOptim's cast of one with master_bytewidth 3 or 4)")
+
+
+def f32_checkpoint_from_torch_state(b, state, groups=None):
     """Bundle b's F32 checkpoint with the states and steps of a torch.optim
-    state dict (keyed by parameter index) in place of its own."""
+    state dict (keyed by parameter index) in place of its own, and the
+    buffers to write after it. A FlashOptim state dict's "error_bits" are the
+    correction term of the parameter as it is now (the model's, loaded
+    beside): written as they are when the bundle's term has their width, else
+    through the master weight they decode to. compress_state_dict=True ones
+    ("<state>::quantized") are refused by name."""
     from ._bundle import _float
+    from .master import decode_master
+    from ._bundle import _TORCH_OF
     tensors, meta = read(b.checkpoint_bytes(L.CHECKPOINT_F32))
+    mine = _TORCH_OF[b.info.correction_dtype] if b.info.has_correction else None
     steps = {}
+    # The f32 form carries the states and steps; the parameters and their
+    # correction terms are put back as they are after it (its master weights
+    # re-encode to the same values, but not always to the same pair: a
+    # correction near half an ulp may move the parameter to its neighbour).
+    buffers: Dict[Tuple[int, str], torch.Tensor] = {}
+    for i, p in enumerate(b.params):
+        buffers[(i, "param")] = p.detach().clone()
+        if mine is not None:
+            buffers[(i, "correction")] = b.read_buffer(i, "correction")
     for i, gid in enumerate(b.global_ids):
         st = state.get(gid, state.get(str(gid)))
         if st is None:
@@ -205,6 +249,23 @@ def f32_checkpoint_from_torch_state(b, state) -> bytes:
             if k == "step":
                 steps[name] = int(_float(v))
                 continue
+            if k.endswith("::quantized") or k.endswith("::scales"):
+                raise ValueError(
+                    f"flashopt: parameter {gid}'s state {k!r} is FlashOptim's compressed form "
+                    f"(compress_state_dict=True), whose codes flashopt does not read; save it "
+                    f"from FlashOptim with compress_state_dict=False (dequantized states, which "
+                    f"load here); nothing was loaded")
+            if k == "error_bits":
+                p = b.params[i]
+                if v.numel() != p.numel():
+                    raise ValueError(f"flashopt: parameter {gid}'s 'error_bits' hold "
+                                     f"{v.numel()} values, the parameter {p.numel()}")
+                corr = _correction_of(v.detach().cpu(), gid, groups).reshape(-1)
+                master = decode_master(p.detach().reshape(-1), corr).cpu()
+                if corr.dtype == mine:
+                    buffers[(i, "correction")] = corr.contiguous()
+                tensors[name] = master
+                continue
             key = f"{name}.{k}"
             if key not in tensors:
                 raise KeyError(f"flashopt: {b.spec} has no state {k!r} (parameter {gid})")
@@ -212,4 +273,4 @@ def f32_checkpoint_from_torch_state(b, state) -> bytes:
     if steps:
         meta = with_steps(meta, steps)
     # The tensors are torch's now.
-    return write(tensors, without_checksums(meta))
+    return write(tensors, without_checksums(meta)), buffers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import weakref
-from typing import Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
 from torch import nn
@@ -32,14 +32,16 @@ def _make_output_cast(dtype):
 
 
 def cast_model(model: nn.Module, dtype: torch.dtype = torch.bfloat16, *,
-               full_precision_layers: Optional[Iterable] = None) -> nn.Module:
+               full_precision_layers: Optional[Iterable] = None,
+               keep_norms_fp32: bool = True) -> nn.Module:
     """Casts the model's floating parameters and buffers to `dtype` in place,
     except normalization layers (BatchNorm, SyncBatchNorm, InstanceNorm,
-    LayerNorm, GroupNorm, RMSNorm) and the modules named in
-    `full_precision_layers` (fnmatch patterns on dotted names, or modules),
-    which stay float32. Those fp32 modules get their floating positional
-    inputs cast to float32 and their floating outputs cast back to `dtype`,
-    so a bf16 model runs end to end. Returns the model."""
+    LayerNorm, GroupNorm, RMSNorm; unless keep_norms_fp32=False) and the
+    modules named in `full_precision_layers` (fnmatch patterns on dotted
+    names, or modules), which stay float32. Those fp32 modules get their
+    floating positional inputs cast to float32 and their floating outputs
+    cast back to `dtype`, so a bf16 model runs end to end. Returns the
+    model."""
     patterns, objs = [], set()
     for x in full_precision_layers or ():
         if isinstance(x, str):
@@ -48,7 +50,7 @@ def cast_model(model: nn.Module, dtype: torch.dtype = torch.bfloat16, *,
             objs.add(id(x))
 
     def keep_fp32(name, m):
-        return (isinstance(m, _NORM_TYPES) or id(m) in objs
+        return ((keep_norms_fp32 and isinstance(m, _NORM_TYPES)) or id(m) in objs
                 or any(fnmatch.fnmatchcase(name, p) for p in patterns))
 
     fp32_modules = []
@@ -82,6 +84,11 @@ class GradientReleaseHandle:
         self._opt = weakref.ref(optimizer)
         self._hooks = hooks
 
+    @property
+    def active(self) -> bool:
+        """Whether the hooks are still attached (remove() not yet called)."""
+        return bool(self._hooks)
+
     def remove(self):
         for h in self._hooks:
             h.remove()
@@ -91,7 +98,9 @@ class GradientReleaseHandle:
             opt._gradient_release = None
 
 
-def enable_gradient_release(model: nn.Module, optimizer) -> GradientReleaseHandle:
+def enable_gradient_release(model: nn.Module, optimizer, *,
+                            pre_step: Optional[Callable[[torch.Tensor, Dict[str, Any]], bool]]
+                            = None) -> GradientReleaseHandle:
     """Steps each parameter as soon as its gradient is accumulated during
     backward (register_post_accumulate_grad_hook), then frees the gradient:
     gradients of the whole model never exist at once. optimizer.step() and
@@ -101,7 +110,11 @@ def enable_gradient_release(model: nn.Module, optimizer) -> GradientReleaseHandl
     gradient accumulation. With FSDP2 (fully_shard) each parameter is
     stepped when its reduce-scattered gradient shard is assigned (FSDP2 calls
     the hook then, on every rank in the same order), and that shard is freed
-    (a collective per parameter for its shared groups)."""
+    (a collective per parameter for its shared groups).
+
+    pre_step(param, group), if given, runs before each parameter's step with
+    its param group (as at enable time); returning False skips that step and
+    keeps the gradient (e.g. to freeze a layer for a while)."""
     from .optim import FlashOptimizer
     if not isinstance(optimizer, FlashOptimizer):
         raise TypeError("enable_gradient_release needs a flashopt optimizer")
@@ -111,10 +124,13 @@ def enable_gradient_release(model: nn.Module, optimizer) -> GradientReleaseHandl
     if optimizer._gradient_release is not None:
         raise RuntimeError("flashopt: gradient release is already enabled")
     opt_ref = weakref.ref(optimizer)
+    group_of = {id(q): g for g in optimizer.param_groups for q in g["params"]}
 
     def hook(p):
         opt = opt_ref()
         if opt is None or p.grad is None:
+            return
+        if pre_step is not None and not pre_step(p, group_of[id(p)]):
             return
         with torch.no_grad():
             opt._step_one(p)

@@ -511,6 +511,44 @@ FLASHOPT_API flashopt_status flashopt_import_state_f32(flashopt_optimizer opt,
                                                        const float *in,
                                                        int64_t numel);
 
+/** Copies buffer `buffer` of parameter `index` as the optimizer stores it,
+ *  in its own dtype, to `size` bytes of host memory at `out` (`size` must be
+ *  the buffer's size): "correction" (the master weight's correction term),
+ *  "<state>.codes" and "<state>.scales" (a quantized state), or "<state>"
+ *  (an unquantized one): the names of the compressed checkpoint form
+ *  without the parameter's name. Nothing is changed. With sharded data
+ *  parallelism a collective (the buffer is gathered). */
+FLASHOPT_API flashopt_status flashopt_read_buffer(flashopt_optimizer opt,
+                                                  int64_t index,
+                                                  const char *buffer, void *out,
+                                                  size_t size);
+
+/** Overwrites buffer `buffer` of parameter `index` (a name
+ *  flashopt_read_buffer takes) with `size` bytes of host memory at `in`, in
+ *  the buffer's own dtype (`size` must be the buffer's size): the inverse of
+ *  flashopt_read_buffer, e.g. a correction term saved beside its parameter.
+ *  The bits are taken as they are. */
+FLASHOPT_API flashopt_status flashopt_write_buffer(flashopt_optimizer opt,
+                                                   int64_t index,
+                                                   const char *buffer,
+                                                   const void *in, size_t size);
+
+/** The master-weight codec without an optimizer (docs/NUMERICS.md §1.3,
+ *  §1.4), for tools that hold a parameter and its correction term, e.g. an
+ *  inference export from a checkpoint: decodes `n` fp32 master weights from
+ *  `param` (BF16 or F16; or F32 with no correction) and `correction` (I8 or
+ *  I16; NULL, with any `correction_dtype`, for none) to `out`. The same bits
+ *  as flashopt_export_master_f32 and the kernels. */
+FLASHOPT_API flashopt_status flashopt_decode_master_f32(
+    flashopt_dtype param_dtype, const void *param,
+    flashopt_dtype correction_dtype, const void *correction, int64_t n,
+    float *out);
+/** Encodes `n` fp32 master weights into a parameter (their RTNE narrowing)
+ *  and its correction term (NULL for none), as flashopt_import_master_f32. */
+FLASHOPT_API flashopt_status flashopt_encode_master_f32(
+    const float *in, int64_t n, flashopt_dtype param_dtype, void *param,
+    flashopt_dtype correction_dtype, void *correction);
+
 /** What check_numerics found for one parameter (docs/NUMERICS.md §4.3). */
 typedef struct flashopt_numerics_report {
   int64_t params_checked;   /* parameters looked at */

@@ -19,6 +19,7 @@
 #include "Handles.h"
 #include "MasterWeights.h"
 #include "Objects.h"
+#include "codec/Codec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -85,6 +86,67 @@ const StateSpec &stateArg(const OptObj &o, const char *state) {
 }
 } // namespace
 
+namespace {
+/// Checks that `name` is a library-owned buffer of parameter `index` of
+/// `size` bytes (flashopt_read_buffer / flashopt_write_buffer).
+void checkBuffer(const OptObj &obj, int64_t index, const std::string &name,
+                 size_t size) {
+  const OptObj *o = &obj;
+  checkIndex(*o, index);
+  const Manifest &m = *o->m;
+  const int64_t numel = o->params[size_t(index)].numel;
+  const int64_t ng = (numel + m.group_size - 1) / m.group_size;
+  std::optional<int64_t> bytes;
+  std::string names;
+  if (m.correction) {
+    names = quote("correction");
+    if (name == "correction")
+      bytes = numel * int64_t(dtype_size(*m.correction));
+  }
+  for (const StateSpec &s : m.states)
+    for (const flashopt::abi::StateBuffer &b :
+         flashopt::abi::state_buffers(s)) {
+      names += (names.empty() ? "" : ", ") + quote(s.name + b.suffix);
+      if (name == s.name + b.suffix)
+        bytes =
+            (b.per == Per::Group ? ng : numel) * int64_t(dtype_size(b.dtype));
+    }
+  if (!bytes)
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         m.name + " has no buffer " + quote(name) + " (it has " +
+             (names.empty() ? std::string("none") : names) + ")");
+  if (size != size_t(*bytes))
+    fail(FLASHOPT_ERROR_SIZE, o->describe(index) + ": buffer " + quote(name) +
+                                  " is " + std::to_string(*bytes) +
+                                  " bytes, not " + std::to_string(size));
+}
+} // namespace
+
+flashopt_status flashopt_read_buffer(flashopt_optimizer opt, int64_t index,
+                                     const char *buffer, void *out,
+                                     size_t size) {
+  return guard("flashopt_read_buffer", [&] {
+    needOut(buffer, "buffer");
+    needOut(out, "out");
+    Locked o(opt);
+    checkBuffer(*o, index, buffer, size);
+    std::vector<uint8_t> v = o->read(index, buffer);
+    std::memcpy(out, v.data(), v.size());
+  });
+}
+
+flashopt_status flashopt_write_buffer(flashopt_optimizer opt, int64_t index,
+                                      const char *buffer, const void *in,
+                                      size_t size) {
+  return guard("flashopt_write_buffer", [&] {
+    needOut(buffer, "buffer");
+    needOut(in, "in");
+    Locked o(opt);
+    checkBuffer(*o, index, buffer, size);
+    o->write(index, buffer, in, int64_t(size));
+  });
+}
+
 flashopt_status flashopt_export_state_f32(flashopt_optimizer opt, int64_t index,
                                           const char *state, float *out,
                                           int64_t numel) {
@@ -107,6 +169,72 @@ flashopt_status flashopt_import_state_f32(flashopt_optimizer opt, int64_t index,
     const StateSpec &s = stateArg(*o, state);
     checkNumel(*o, index, numel);
     importState(*o, index, s, in);
+  });
+}
+
+namespace {
+/// The master encoding (param_dtype, correction) of the codec entry points,
+/// or an INVALID_ARGUMENT naming what is wrong.
+std::optional<DType> masterEncoding(flashopt_dtype param_dtype,
+                                    flashopt_dtype correction_dtype,
+                                    bool hasCorrection, int64_t n,
+                                    const char *fn) {
+  if (!validDtype(int(param_dtype)) ||
+      (hasCorrection && !validDtype(int(correction_dtype))))
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         std::string(fn) + ": " +
+             dtypeText(validDtype(int(param_dtype)) ? int(correction_dtype)
+                                                    : int(param_dtype)));
+  std::optional<DType> corr;
+  if (hasCorrection)
+    corr = toHost(correction_dtype);
+  if (!codec::valid_master_encoding(toHost(param_dtype), corr))
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         std::string(fn) + ": a " + dtype_name(toHost(param_dtype)) +
+             " parameter " +
+             (corr ? std::string("with a ") + dtype_name(*corr) +
+                         " correction term"
+                   : std::string("without a correction term")) +
+             " is no master-weight encoding (bf16 or f16 with i8 or i16, or "
+             "any float parameter alone)");
+  if (n < 0)
+    fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+         std::string(fn) + ": n is " + std::to_string(n));
+  return corr;
+}
+} // namespace
+
+flashopt_status flashopt_decode_master_f32(flashopt_dtype param_dtype,
+                                           const void *param,
+                                           flashopt_dtype correction_dtype,
+                                           const void *correction, int64_t n,
+                                           float *out) {
+  return guard("flashopt_decode_master_f32", [&] {
+    std::optional<DType> corr =
+        masterEncoding(param_dtype, correction_dtype, correction != nullptr, n,
+                       "flashopt_decode_master_f32");
+    if (n == 0)
+      return;
+    needOut(param, "param");
+    needOut(out, "out");
+    codec::decode_master(param, toHost(param_dtype), correction, corr, n, out);
+  });
+}
+
+flashopt_status flashopt_encode_master_f32(const float *in, int64_t n,
+                                           flashopt_dtype param_dtype,
+                                           void *param,
+                                           flashopt_dtype correction_dtype,
+                                           void *correction) {
+  return guard("flashopt_encode_master_f32", [&] {
+    std::optional<DType> corr =
+        masterEncoding(param_dtype, correction_dtype, correction != nullptr, n,
+                       "flashopt_encode_master_f32");
+    if (n == 0)
+      return;
+    needOut(in, "in");
+    needOut(param, "param");
+    codec::encode_master(in, n, param, toHost(param_dtype), correction, corr);
   });
 }
 
