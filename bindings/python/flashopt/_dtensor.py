@@ -23,6 +23,7 @@ from ._bundle import _DTYPES, _Bundle, _device_key, _float, _is_dtensor
 from ._dtensor_layout import (Layout, _bytes_of, _chunk_rows, _Packing, _Piece, _types,
                               first_rank_error, placement_error)
 from ._dtensor_state import SPEC_KEY, STEP_KEY, plain_checkpoint  # noqa: F401 (re-exported)
+from ._views import ShardedParamState
 
 _HEADER = 256  # bytes of each rank's step header (flags, signature, error text)
 _ERROR_BYTES = 200
@@ -538,9 +539,7 @@ def add_group(opt, param_group: Dict[str, Any], params,
     opt._sharded.add_group(fresh, group, gi, first, opt._bundles, bundle_of)
     for k, p in enumerate(fresh):
         opt._where[id(p)] = (opt._sharded.layouts[-len(fresh) + k].bundle, -1)
-        # Not yet a view (_views.ParamState) for DTensor parameters: the
-        # entry names the bundle, so that `state` is not empty (DCP).
-        opt.state[p] = {SPEC_KEY: opt._where[id(p)][0].spec}
+        opt.state[p] = ShardedParamState(opt._sharded.layouts[-len(fresh) + k])
     opt._num_params += len(fresh)
     for b in opt._bundles.values():
         b.ensure_groups(len(opt.param_groups))

@@ -99,3 +99,44 @@ class ParamState(MutableMapping):
     def __repr__(self) -> str:
         # Keys only: a repr must not decode the states.
         return f"ParamState({self._bundle.spec}, keys={list(self._names())})"
+
+
+class ShardedParamState(ParamState):
+    """opt.state[p] of a DTensor parameter (FSDP2): the states as DTensors
+    placed like p (this rank's shard decoded from its pieces: no
+    communication). Read-only: a quantization group split across ranks is
+    encoded on each of them, so a write needs them all; load states with
+    load_state_dict / DCP's set_optimizer_state_dict."""
+
+    __slots__ = ("_layout",)
+
+    def __init__(self, layout):
+        super().__init__(layout.bundle, -1, layout.p)
+        self._layout = layout
+
+    def __getitem__(self, key: str) -> Any:
+        lay = self._layout
+        b = lay.bundle
+        if key == STEP_KEY:
+            return torch.tensor(float(lay.step), dtype=torch.float32)
+        if key == SPEC_KEY:
+            return b.spec
+        if key not in b.state_names:
+            raise KeyError(key)
+        from torch.distributed.tensor import DTensor
+        parts = []
+        for pc in lay.pieces:
+            x, y = max(pc.start, lay.s), min(pc.end, lay.e)
+            if y > x:
+                parts.append(b.export_state(pc.index, key)[x - pc.start:y - pc.start])
+        local_shape = lay.p.to_local().shape
+        local = (torch.cat(parts) if parts else torch.empty(0)).reshape(local_shape)
+        local = local.to(lay.p.to_local().device)
+        return DTensor.from_local(local, lay.p.device_mesh, lay.p.placements, run_check=False,
+                                  shape=lay.p.shape, stride=lay.p.stride())
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        raise TypeError(
+            f"flashopt: opt.state[p][{key!r}] cannot be written for a DTensor (FSDP2) "
+            "parameter: a quantization group split across ranks is encoded on each of them. "
+            "Load states with load_state_dict or set_optimizer_state_dict")

@@ -340,12 +340,24 @@ def _dcp_worker(rank, W, mesh, mode, d):
         assert st["exp_avg.codes"].shape == (60, 20) and st["correction"].dtype == torch.int8
         assert st["exp_avg.scales"].shape == (60, 2) and st["flashopt.spec"] == "adamw_bf16_m24"
         assert osd["state"]["gate.bias"]["exp_avg_sq.codes"].shape == (2,)
+        # opt.state[p]: the decoded states as DTensors placed like p, read-only.
+        from torch.distributed.tensor import DTensor
+        views = {}
+        for n, p in model.named_parameters():
+            st = opt.state[p]
+            assert list(st) == ["step", "exp_avg", "exp_avg_sq", "flashopt.spec"]
+            assert float(st["step"]) == 3
+            v = st["exp_avg"]
+            assert isinstance(v, DTensor) and v.placements == p.placements and v.shape == p.shape
+            views[n] = {k: st[k].full_tensor() for k in ("exp_avg", "exp_avg_sq")}
+        with pytest.raises(TypeError, match="DTensor"):
+            opt.state[p]["exp_avg"] = v
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=f"{d}/ckpt")
         full = get_optimizer_state_dict(
             model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         params = full_params(model)  # a collective
         if rank == 0:
-            torch.save({"optim": full, "model": params}, f"{d}/full.pt")
+            torch.save({"optim": full, "model": params, "views": views}, f"{d}/full.pt")
         # The other numerics' checkpoint, for the error below.
         model2 = shard(make_model(dtype), mesh)
         opt2 = flashopt.FlashAdamW(groups_of(model2, kw["lr"]), numerics="flashoptim",
@@ -422,6 +434,10 @@ def test_dcp_round_trip_and_resharding(tmp_path):
             p.copy_(v)
     opt = make_opt(name, groups_of(model, kw["lr"]))
     set_optimizer_state_dict(model, opt, full["optim"])
+    # The W = 2 views, gathered, are one process's views of the same state.
+    for n, p in model.named_parameters():
+        for k, v in full["views"][n].items():
+            assert torch.equal(opt.state[p][k], v), (n, k)
     for s in range(3, 6):
         set_grads(model, s, None)
         opt.step()
