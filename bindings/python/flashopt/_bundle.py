@@ -12,27 +12,18 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from . import _dtypes as D
 from . import _lib as L
+from ._specs import MissingBundleError
 
-_DTYPES = {
-    torch.bfloat16: (L.BF16, "bf16"),
-    torch.float16: (L.F16, "f16"),
-    torch.float32: (L.F32, "f32"),
-}
-_TORCH_OF = {L.BF16: torch.bfloat16, L.F16: torch.float16, L.F32: torch.float32,
-             L.I8: torch.int8, L.U8: torch.uint8, L.I16: torch.int16}
-# manifest.json's buffer dtypes.
-_BUFFER_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
-                  "i8": torch.int8, "ui8": torch.uint8, "i16": torch.int16}
+# Parameter dtypes the optimizers take: torch -> (flashopt_dtype, name).
+_DTYPES = {t: (D.CODE[t], D.NAME[t]) for t in D.PARAM}
+_TORCH_OF = D.TORCH_OF_CODE
 
 # The hyper-parameter every step kernel has after the rule's own
 # (abi/include/flashopt/abi/KernelAbi.h kGradScaleHyper): the gradient is
 # multiplied by it inside the kernel.
 GRAD_SCALE = "grad_scale"
-
-
-class MissingBundleError(FileNotFoundError):
-    """No generated bundle for the requested (rule, dtype, master weight, states)."""
 
 
 def _device_key(dev: torch.device):
@@ -41,18 +32,6 @@ def _device_key(dev: torch.device):
     if dev.type == "cuda":
         return (L.DEVICE_CUDA, dev.index if dev.index is not None else torch.cuda.current_device())
     raise TypeError(f"flashopt: parameters on {dev} are not supported (CPU and CUDA only)")
-
-
-def _missing(owner: str, spec: str, mode: str) -> MissingBundleError:
-    rule = spec.split("_", 1)[0]
-    have = sorted(p.name for p in L.kernels_dir().glob(rule + "_*")
-                  if (p / "manifest.json").is_file())
-    return MissingBundleError(
-        f"flashopt: {owner} with {mode} needs the bundle '{spec}' "
-        f"(specs/{spec}.json), which is not in {L.kernels_dir()}: there is no such "
-        f"generated optimizer. Choose another master_weight_bits/quantize, or write "
-        f"specs/{spec}.json (docs/SPEC.md) and rebuild. Bundles of this rule: "
-        f"{', '.join(have) if have else 'none'}")
 
 
 class _Bundle:
@@ -67,7 +46,8 @@ class _Bundle:
         self.device = device
         path = L.kernels_dir() / spec
         if not (path / "manifest.json").is_file():
-            raise _missing(owner, spec, mode)
+            raise MissingBundleError(f"flashopt: {owner} with {mode}: the bundle {spec!r} "
+                                     f"is not in {L.kernels_dir()}")
         self.path = path
         self._lib = L.lib()
         self.handle = None
@@ -255,7 +235,7 @@ class _Bundle:
         if self._buffers is None:
             with open(self.path / "manifest.json") as f:
                 m = json.load(f)
-            self._buffers = [(x["name"], x["per"], _BUFFER_DTYPES[x["dtype"]])
+            self._buffers = [(x["name"], x["per"], D.TORCH_OF_NAME[x["dtype"]])
                              for x in m["buffers"] if x["name"] not in ("param", "grad")]
         return self._buffers
 

@@ -506,7 +506,7 @@ def add_group(opt, param_group: Dict[str, Any], params,
     calls it alike; a mismatch across ranks is an error on every rank.
     `torch_add_param_group` is torch.optim.Optimizer's (torch's checks:
     duplicates, defaults)."""
-    from ._base import spec_name
+    from . import _specs
     if not all(_is_dtensor(p) for p in params) or (opt._num_params and
                                                     opt._sharded is None):
         raise TypeError("flashopt: an optimizer steps either DTensor parameters (FSDP2's "
@@ -528,8 +528,8 @@ def add_group(opt, param_group: Dict[str, Any], params,
         local = p.to_local()
         key = opt._bundle_key(local)
         if key not in opt._bundles:
-            spec = spec_name(opt._rule, p.dtype, opt.master_weight_bits, opt.quantize,
-                             opt.arithmetic, opt.numerics)
+            spec = _specs.select(opt._rule, p.dtype, opt.master_weight_bits, opt.quantize,
+                                 opt.arithmetic, opt.numerics, owner=type(opt).__name__)
             opt._bundles[key] = _Bundle(type(opt).__name__, spec, p.dtype, local.device,
                                         opt._mode(p.dtype))
         return opt._bundles[key]

@@ -101,7 +101,7 @@ def entry_states(lay: Layout, entry: Dict[str, Any], b: _Bundle):
     if spec != b.spec:
         other = _state._other_numerics(b.spec, [spec])
         if other is not None:
-            theirs = "flashoptim" if spec.endswith("_flashoptim") else "bounded"
+            theirs = _state._numerics_of(spec)
             raise ValueError(
                 f"flashopt: the state was written with numerics={theirs!r} (bundle {spec}), "
                 f"but this optimizer runs bundle {b.spec}. Build the optimizer with "

@@ -151,7 +151,7 @@ def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]
             if b.spec not in fo["bundles"]:
                 other = _other_numerics(b.spec, fo["bundles"])
                 if other is not None:
-                    theirs = "flashoptim" if other.endswith("_flashoptim") else "bounded"
+                    theirs = _numerics_of(other)
                     raise ValueError(
                         f"flashopt: the state dict was written with numerics={theirs!r} "
                         f"(bundle {other}), but this optimizer runs bundle {b.spec}; "
@@ -186,10 +186,16 @@ def _entries_by_position(b, sd: Dict[str, Any]):
 
 
 def _other_numerics(spec: str, have) -> "str | None":
-    """The bundle of `have` that is `spec` in the other numerics, if any."""
-    suffix = "_flashoptim"
-    other = spec[:-len(suffix)] if spec.endswith(suffix) else spec + suffix
+    """The bundle of `have` that computes what `spec` does in the other
+    numerics, if any (by the bundles' manifests: _specs.py)."""
+    from ._specs import other_numerics
+    other = other_numerics(spec)
     return other if other in have else None
+
+
+def _numerics_of(spec: str) -> str:
+    from ._specs import index
+    return next((a.numerics for a, n in index().items() if n == spec), "bounded")
 
 
 def _correction_of(v: torch.Tensor, gid: int, groups) -> torch.Tensor:

@@ -17,10 +17,11 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import _dtypes as D
 from . import _lib as L
 
-_PARAM = {torch.bfloat16: L.BF16, torch.float16: L.F16, torch.float32: L.F32}
-_CORR = {torch.int8: L.I8, torch.int16: L.I16}
+_PARAM = {t: D.CODE[t] for t in D.PARAM}
+_CORR = {t: D.CODE[t] for t in D.CORRECTION}
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:

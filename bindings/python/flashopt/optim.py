@@ -10,7 +10,7 @@ hyper-parameters.
 from __future__ import annotations
 
 from ._base import _OPTIONS_DOC, FlashOptimizer, Hyper, spec_name
-from ._bundle import MissingBundleError
+from ._specs import MissingBundleError
 from ._lib import NumericsError
 
 __all__ = [
