@@ -404,6 +404,51 @@ TEST_CASE("C ABI on the CPU, every shipped spec") {
     CHECK(std::string(info.spec_hash) == m.spec_hash);
     CHECK(info.group_size == m.group_size);
     CHECK(info.device_type == FLASHOPT_DEVICE_CPU);
+    {
+      // What the bundle is, without an optimizer; its buffers, with one.
+      flashopt_bundle_desc d{};
+      REQUIRE(flashopt_describe_bundle(bundleDir(spec).c_str(), &d) ==
+              FLASHOPT_OK);
+      CHECK(std::string(d.name) == spec);
+      CHECK(std::string(d.rule) == m.rule);
+      CHECK(std::string(d.numerics) == m.numerics);
+      CHECK(std::string(d.arithmetic) == m.arithmetic);
+      CHECK(d.param_dtype == info.param_dtype);
+      CHECK(d.has_correction == info.has_correction);
+      int32_t q = 0, p = 0;
+      for (const StateSpec &st : m.states) {
+        q += st.kind == StateKind::Quantized;
+        p += st.kind == StateKind::Plain;
+      }
+      CHECK(d.quantized_states == q);
+      CHECK(d.plain_states == p);
+      int32_t nb = -1;
+      REQUIRE(flashopt_num_buffers(a.opt, &nb) == FLASHOPT_OK);
+      std::vector<std::string> names;
+      for (int32_t k = 0; k < nb; ++k) {
+        flashopt_buffer_desc b{};
+        REQUIRE(flashopt_get_buffer_desc(a.opt, k, &b) == FLASHOPT_OK);
+        names.push_back(b.name);
+        // Each one reads back at the size its description implies.
+        const int64_t n0 = kSizes[0];
+        const int64_t count = b.per_group ? (n0 + m.group_size - 1) / m.group_size : n0;
+        std::vector<uint8_t> bytes(size_t(count) * flashopt_dtype_size(b.dtype));
+        CHECK_MESSAGE(flashopt_read_buffer(a.opt, 0, b.name, bytes.data(),
+                                           bytes.size()) == FLASHOPT_OK,
+                      b.name << ": " << lastError());
+      }
+      std::vector<std::string> want;
+      if (m.correction)
+        want.push_back("correction");
+      for (const StateSpec &st : m.states)
+        for (const flashopt::abi::StateBuffer &b :
+             flashopt::abi::state_buffers(st))
+          want.push_back(st.name + b.suffix);
+      CHECK(names == want);
+      flashopt_buffer_desc none{};
+      CHECK(flashopt_get_buffer_desc(a.opt, nb, &none) ==
+            FLASHOPT_ERROR_INVALID_ARGUMENT);
+    }
     for (int s = 1; s <= N; ++s) {
       ma.fillGrads(s);
       mh.fillGrads(s);

@@ -5,7 +5,6 @@ binding is a method here; the torch classes never build ctypes arguments."""
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import tempfile
 from typing import Dict, List, Tuple
@@ -78,7 +77,7 @@ class _Bundle:
         self.grad_ptrs: List[int] = []
         self.hyper_cache: Dict[tuple, float] = {}
         self._stream = None  # the CUDA stream handle set with flashopt_set_stream
-        self._buffers = None  # buffers(), read from the manifest once
+        self._buffers = None  # buffers(), asked of the library once
 
     def _call(self, name: str, *args):
         L.check(getattr(self._lib, name)(*args), name)
@@ -231,12 +230,17 @@ class _Bundle:
     def buffers(self) -> List[Tuple[str, str, torch.dtype]]:
         """The library-owned buffers of each parameter (correction term,
         codes, scales, unquantized states) as (name, "element" or "group",
-        dtype), in the manifest's order."""
+        dtype), in the manifest's order, as the library describes them."""
         if self._buffers is None:
-            with open(self.path / "manifest.json") as f:
-                m = json.load(f)
-            self._buffers = [(x["name"], x["per"], D.TORCH_OF_NAME[x["dtype"]])
-                             for x in m["buffers"] if x["name"] not in ("param", "grad")]
+            n = ctypes.c_int32()
+            self._call("flashopt_num_buffers", self.handle, ctypes.byref(n))
+            out = []
+            for k in range(n.value):
+                d = L.BufferDesc()
+                self._call("flashopt_get_buffer_desc", self.handle, k, ctypes.byref(d))
+                out.append((d.name.decode(), "group" if d.per_group else "element",
+                            D.TORCH_OF_CODE[d.dtype]))
+            self._buffers = out
         return self._buffers
 
     def read_buffer(self, i: int, name: str) -> torch.Tensor:

@@ -74,6 +74,21 @@ class OptimizerInfo(ctypes.Structure):
     ]
 
 
+class BundleDesc(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * 128), ("rule", ctypes.c_char * 128),
+        ("param_dtype", ctypes.c_int), ("has_correction", ctypes.c_int32),
+        ("correction_dtype", ctypes.c_int), ("quantized_states", ctypes.c_int32),
+        ("plain_states", ctypes.c_int32), ("arithmetic", ctypes.c_char * 16),
+        ("numerics", ctypes.c_char * 16),
+    ]
+
+
+class BufferDesc(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("per_group", ctypes.c_int32),
+                ("dtype", ctypes.c_int)]
+
+
 class MemoryReport(ctypes.Structure):
     _fields_ = [
         ("numel", ctypes.c_int64), ("param_bytes", ctypes.c_int64),
@@ -99,7 +114,9 @@ class NumericsReport(ctypes.Structure):
 # flashopt.h by tests/test_sigs.py).
 STRUCTS = {"flashopt_optimizer_info": OptimizerInfo,
            "flashopt_memory_report": MemoryReport,
-           "flashopt_numerics_report": NumericsReport}
+           "flashopt_numerics_report": NumericsReport,
+           "flashopt_bundle_desc": BundleDesc,
+           "flashopt_buffer_desc": BufferDesc}
 
 
 def _source_root() -> Path:
@@ -160,6 +177,9 @@ _SIGS = {
     "flashopt_optimizer_destroy": (_c.c_int, [_vp]),
     "flashopt_optimizer_get_info": (_c.c_int, [_vp, _c.POINTER(OptimizerInfo)]),
     "flashopt_hyper_name": (_c.c_int, [_vp, _c.c_int32, _c.POINTER(_c.c_char_p)]),
+    "flashopt_describe_bundle": (_c.c_int, [_c.c_char_p, _c.POINTER(BundleDesc)]),
+    "flashopt_num_buffers": (_c.c_int, [_vp, _c.POINTER(_c.c_int32)]),
+    "flashopt_get_buffer_desc": (_c.c_int, [_vp, _c.c_int32, _c.POINTER(BufferDesc)]),
     "flashopt_state_name": (_c.c_int, [_vp, _c.c_int32, _c.POINTER(_c.c_char_p)]),
     "flashopt_add_param_group": (_c.c_int, [_vp, _c.POINTER(_c.c_int32)]),
     "flashopt_num_param_groups": (_c.c_int, [_vp, _c.POINTER(_c.c_int32)]),

@@ -1,17 +1,18 @@
 """Which bundle runs: the kernels directory's bundles by what they compute.
 
-Each bundle's manifest.json says what it is: its rule, its parameter dtype
-and correction term, whether its states are 8-bit codes or fp32, its
-arithmetic and its numerics. The binding selects a bundle by these
+The library describes each bundle of the directory
+(flashopt_describe_bundle: its rule, its parameter dtype and correction
+term, whether its states are 8-bit codes or fp32, its arithmetic and its
+numerics, from its manifest). The binding selects a bundle by these
 attributes and never builds or parses a bundle's name (specs/generate.py
 alone names the shipped specs), so a kernels directory of other names, or a
 custom build holding a few bundles, works alike. The index of a directory is
-read once per process (the shipped 192 manifests: tens of milliseconds).
+read once per process (the shipped 192 bundles: about 10 ms).
 """
 
 from __future__ import annotations
 
-import json
+import ctypes
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 from . import _dtypes as D
 from . import _lib as L
 
-_CORRECTION_BITS = {"none": None, "i8": 24, "i16": 32}
+_PARAM_NAMES = {D.CODE[t]: D.NAME[t] for t in D.PARAM}
 
 
 class MissingBundleError(FileNotFoundError):
@@ -41,19 +42,18 @@ class Attrs:
     numerics: str  # "bounded", "flashoptim"
 
 
-def attrs_of(manifest: dict) -> Optional[Attrs]:
-    """A manifest's attributes, or None for a bundle the torch classes never
-    select (no stored state of either kind, an unknown correction)."""
-    kinds = {s["encoding"]["kind"] for s in manifest.get("states", [])}
-    kinds.discard("elided")
-    param = manifest.get("param", {})
-    if len(kinds) != 1 or param.get("correction", "none") not in _CORRECTION_BITS:
+def attrs_of(d) -> Optional[Attrs]:
+    """A bundle's attributes (flashopt_describe_bundle's flashopt_bundle_desc),
+    or None for one the torch classes never select (no stored state, or both
+    8-bit and fp32 states, or no parameter dtype they take)."""
+    if (d.quantized_states > 0) == (d.plain_states > 0) or d.param_dtype not in _PARAM_NAMES:
         return None
-    return Attrs(rule=manifest["rule"], dtype=param["dtype"],
-                 master_weight_bits=_CORRECTION_BITS[param.get("correction", "none")],
-                 quantize=kinds == {"quantized"},
-                 arithmetic=manifest.get("arithmetic", "exact"),
-                 numerics=manifest.get("numerics", "flashoptim"))
+    bits = {L.I8: 24, L.I16: 32}.get(d.correction_dtype) if d.has_correction else None
+    if d.has_correction and bits is None:
+        return None
+    return Attrs(rule=d.rule.decode(), dtype=_PARAM_NAMES[d.param_dtype], master_weight_bits=bits,
+                 quantize=d.quantized_states > 0, arithmetic=d.arithmetic.decode(),
+                 numerics=d.numerics.decode())
 
 
 _lock = threading.Lock()
@@ -68,11 +68,11 @@ def index(kdir: Optional[Path] = None) -> Dict[Attrs, str]:
         if key not in _cache:
             out: Dict[Attrs, str] = {}
             for m in sorted(kdir.glob("*/manifest.json")):
-                try:
-                    with open(m) as f:
-                        a = attrs_of(json.load(f))
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue  # not a bundle this binding selects; the library says why
+                d = L.BundleDesc()
+                if L.lib().flashopt_describe_bundle(str(m.parent).encode(),
+                                                    ctypes.byref(d)) != 0:
+                    continue  # not a bundle; creating its optimizer would say why
+                a = attrs_of(d)
                 if a is not None:
                     out.setdefault(a, m.parent.name)
             _cache[key] = out

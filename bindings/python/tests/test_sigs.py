@@ -36,6 +36,10 @@ class Header:
                 if not decl or "(" in decl:  # function-pointer members: not read here
                     fields.append(("<fnptr>", None)) if "(" in decl else None
                     continue
+                arr = re.match(r"(\w+)\s+(\w+)\s*\[\s*(\d+)\s*\]$", decl)
+                if arr:  # a fixed array member: char name[128]
+                    fields.append((f"{arr.group(1)}[{arr.group(3)}]", arr.group(2)))
+                    continue
                 m = re.match(r"(.*?)(\w+(?:\s*,\s*\**\s*\w+)*)$", decl)
                 base, names = m.group(1), m.group(2)
                 for n in names.split(","):
@@ -69,6 +73,10 @@ class Header:
     def ctypes_of(self, ctype: str):
         """The ctypes types the binding may declare for a C type (a set:
         data buffers of float may be bound as c_void_p)."""
+        arr = re.match(r"(\w+)\[(\d+)\]$", ctype)
+        if arr:
+            (t,) = {"char": {ctypes.c_char}}.get(arr.group(1)) or self.ctypes_of(arr.group(1))
+            return {t * int(arr.group(2))}
         base, stars = ctype.rstrip("*"), len(ctype) - len(ctype.rstrip("*"))
         if stars == 0:
             if base == "void":

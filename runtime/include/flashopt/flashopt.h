@@ -232,6 +232,47 @@ FLASHOPT_API flashopt_status flashopt_hyper_name(flashopt_optimizer opt,
                                                  int32_t index,
                                                  const char **out);
 
+/** What a bundle computes, read from its manifest.json without creating an
+ *  optimizer, so that a binding chooses a bundle by what it is, not by its
+ *  name. Strings are NUL-terminated; a manifest whose name or rule does not
+ *  fit is a FLASHOPT_ERROR_FORMAT. */
+typedef struct flashopt_bundle_desc {
+  char name[128];
+  char rule[128]; /* "adamw", or a custom rule's name */
+  flashopt_dtype param_dtype;
+  int32_t has_correction;          /* 1 when the master weight is split */
+  flashopt_dtype correction_dtype; /* I8 or I16 when has_correction */
+  int32_t quantized_states;        /* states stored as 8-bit codes */
+  int32_t plain_states;            /* states stored as fp32 */
+  char arithmetic[16];             /* "exact" or "fast" */
+  char numerics[16];               /* "bounded" or "flashoptim" */
+} flashopt_bundle_desc;
+
+/** Fills `out` from `bundle_dir`/manifest.json (validated as
+ *  flashopt_optimizer_create validates it). */
+FLASHOPT_API flashopt_status flashopt_describe_bundle(const char *bundle_dir,
+                                                      flashopt_bundle_desc *out);
+
+/** One library-owned buffer of every parameter: its name as
+ *  flashopt_read_buffer takes it ("correction", "<state>.codes",
+ *  "<state>.scales", or an unquantized state's name), whether it holds one
+ *  element per quantization group (else one per parameter element), and
+ *  its dtype. `name` stays valid while the optimizer lives. */
+typedef struct flashopt_buffer_desc {
+  const char *name;
+  int32_t per_group;
+  flashopt_dtype dtype;
+} flashopt_buffer_desc;
+
+/** The number of library-owned buffers of each parameter. */
+FLASHOPT_API flashopt_status flashopt_num_buffers(flashopt_optimizer opt,
+                                                  int32_t *out);
+/** Buffer `index` (0 <= index < flashopt_num_buffers), in the manifest's
+ *  order. */
+FLASHOPT_API flashopt_status
+flashopt_get_buffer_desc(flashopt_optimizer opt, int32_t index,
+                         flashopt_buffer_desc *out);
+
 /** The name of stored state `index` (0 <= index < num_states: the states
  *  with buffers, elided ones left out), in the manifest's order, e.g.
  *  "exp_avg" then "exp_avg_sq"; torch.optim's names for the shipped rules. */

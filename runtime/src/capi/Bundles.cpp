@@ -20,10 +20,8 @@
 
 namespace flashopt::capi {
 
-namespace {
-
 /// Maps a bundle load failure to a status.
-[[noreturn]] void bundleFailure(const std::string &dir, const Status &s) {
+void bundleFailure(const std::string &dir, const Status &s) {
   int err = 0;
   if (!fileExists(dir, &err))
     fail(FLASHOPT_ERROR_NOT_FOUND,
@@ -34,8 +32,6 @@ namespace {
                                        std::strerror(err) + ")");
   fail(s, FLASHOPT_ERROR_FORMAT);
 }
-
-} // namespace
 
 std::shared_ptr<OptObj> createOptimizer(const std::shared_ptr<ContextObj> &ctx,
                                         const std::string &dir) {

@@ -18,6 +18,10 @@ namespace flashopt::capi {
 
 /// The optimizer of context `ctx` over the bundle directory `dir`; fails
 /// with NOT_FOUND, UNSUPPORTED, CUDA or FORMAT saying why.
+/// Fails for a bundle directory that did not load: NOT_FOUND when it or its
+/// manifest.json is missing, else `s` (FORMAT when it has no code).
+[[noreturn]] void bundleFailure(const std::string &dir, const Status &s);
+
 std::shared_ptr<OptObj> createOptimizer(const std::shared_ptr<ContextObj> &ctx,
                                         const std::string &dir);
 

@@ -243,6 +243,78 @@ flashopt_status flashopt_hyper_name(flashopt_optimizer opt, int32_t index,
   });
 }
 
+namespace {
+/// The buffers of `m` a binding sees: the library-owned ones (correction
+/// term and states; not the parameter, the gradient or an accumulator).
+std::vector<const flashopt::abi::BufferSpec *> ownedBuffers(const Manifest &m) {
+  std::vector<const flashopt::abi::BufferSpec *> out;
+  for (const flashopt::abi::BufferSpec &b : m.buffers)
+    if (b.role == flashopt::abi::BufferRole::Correction ||
+        b.role == flashopt::abi::BufferRole::State)
+      out.push_back(&b);
+  return out;
+}
+
+void copyField(char *dst, size_t cap, const std::string &s, const char *what,
+               const std::string &where) {
+  if (s.size() >= cap)
+    fail(FLASHOPT_ERROR_FORMAT, where + ": " + what + " " + quote(s) +
+                                    " is longer than " +
+                                    std::to_string(cap - 1) + " bytes");
+  std::memcpy(dst, s.c_str(), s.size() + 1);
+}
+} // namespace
+
+flashopt_status flashopt_describe_bundle(const char *bundle_dir,
+                                         flashopt_bundle_desc *out) {
+  return guard("flashopt_describe_bundle", [&] {
+    needOut(bundle_dir, "bundle_dir");
+    needOut(out, "out");
+    const std::string path = std::string(bundle_dir) + "/manifest.json";
+    Expected<Manifest> m = flashopt::abi::load_manifest(path);
+    if (!m)
+      bundleFailure(bundle_dir, m.status());
+    flashopt_bundle_desc d{};
+    copyField(d.name, sizeof d.name, m->name, "name", path);
+    copyField(d.rule, sizeof d.rule, m->rule, "rule", path);
+    copyField(d.arithmetic, sizeof d.arithmetic, m->arithmetic, "arithmetic",
+              path);
+    copyField(d.numerics, sizeof d.numerics, m->numerics, "numerics", path);
+    d.param_dtype = toC(m->param);
+    d.has_correction = m->correction ? 1 : 0;
+    d.correction_dtype = m->correction ? toC(*m->correction) : FLASHOPT_I8;
+    for (const StateSpec &s : m->states) {
+      d.quantized_states += s.kind == StateKind::Quantized;
+      d.plain_states += s.kind == StateKind::Plain;
+    }
+    *out = d;
+  });
+}
+
+flashopt_status flashopt_num_buffers(flashopt_optimizer opt, int32_t *out) {
+  return guard("flashopt_num_buffers", [&] {
+    needOut(out, "out");
+    Locked o(opt);
+    *out = int32_t(ownedBuffers(*o->m).size());
+  });
+}
+
+flashopt_status flashopt_get_buffer_desc(flashopt_optimizer opt, int32_t index,
+                                         flashopt_buffer_desc *out) {
+  return guard("flashopt_get_buffer_desc", [&] {
+    needOut(out, "out");
+    Locked o(opt);
+    std::vector<const flashopt::abi::BufferSpec *> bs = ownedBuffers(*o->m);
+    if (index < 0 || index >= int32_t(bs.size()))
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+           "buffer index " + std::to_string(index) + " is out of range (" +
+               o->m->name + " has " + std::to_string(bs.size()) + ")");
+    out->name = bs[size_t(index)]->name.c_str();
+    out->per_group = bs[size_t(index)]->per == Per::Group ? 1 : 0;
+    out->dtype = toC(bs[size_t(index)]->dtype);
+  });
+}
+
 flashopt_status flashopt_state_name(flashopt_optimizer opt, int32_t index,
                                     const char **out) {
   return guard("flashopt_state_name", [&] {
