@@ -1,6 +1,6 @@
 # FlashoptInstall.cmake (included at the end of runtime/CMakeLists.txt):
 # installs libflashopt, its public headers and the CMake package
-#   <prefix>/include/flashopt/flashopt.h, flashopt_dist.h, flashopt.hpp
+#   <prefix>/include/flashopt/flashopt.h, flashopt_state.h, flashopt_dist.h, flashopt.hpp
 #       (not host/: internal)
 #   <prefix>/lib/libflashopt.so*
 #   <prefix>/lib/cmake/flashopt/flashoptConfig.cmake, flashoptConfigVersion.cmake,
@@ -24,7 +24,7 @@ install(TARGETS flashopt EXPORT flashoptTargets
 # it exists); include/flashopt/host/ is the internal C++ layer.
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime/include/flashopt
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-  FILES_MATCHING PATTERN "flashopt.h" PATTERN "flashopt_dist.h"
+  FILES_MATCHING PATTERN "flashopt.h" PATTERN "flashopt_dist.h" PATTERN "flashopt_state.h"
   PATTERN "flashopt.hpp"
   PATTERN "host" EXCLUDE)
 install(EXPORT flashoptTargets NAMESPACE flashopt::
