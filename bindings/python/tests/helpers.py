@@ -26,6 +26,19 @@ def grads_for(step, params, scale=0.1):
     return [torch.randn(p.shape, generator=g) * scale for p in params]
 
 
+def set_grads(params, step):
+    """Step `step`'s gradients (grads_for) in each parameter's dtype."""
+    for p, g in zip(params, grads_for(step, params)):
+        p.grad = g.to(p.dtype)
+
+
+def train(opt, params, steps, start=0):
+    """`steps` optimizer steps on set_grads' gradients, from step `start`."""
+    for s in range(start, start + steps):
+        set_grads(params, s)
+        opt.step()
+
+
 class RefSGDW:
     """SGDW as flashopt and FlashOptim define it (numerics.md §3.5, §3.3),
     in fp32 torch ops: θ ← θ·(1 − lr·wd); m ← μ·m + (1−d)·g; θ ← θ − lr·m."""

@@ -8,18 +8,7 @@ import pytest
 import torch
 
 import flashopt
-from helpers import grads_for, make_params, rel_inf
-
-
-def set_grads(params, step):
-    for p, g in zip(params, grads_for(step, params)):
-        p.grad = g.to(p.dtype)
-
-
-def train(opt, params, steps, start=0):
-    for s in range(start, start + steps):
-        set_grads(params, s)
-        opt.step()
+from helpers import make_params, rel_inf, set_grads, train
 
 
 def clone_params(ps):
