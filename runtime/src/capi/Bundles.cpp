@@ -20,6 +20,15 @@
 
 namespace flashopt::capi {
 
+std::vector<const flashopt::abi::BufferSpec *> ownedBuffers(const Manifest &m) {
+  std::vector<const flashopt::abi::BufferSpec *> out;
+  for (const flashopt::abi::BufferSpec &b : m.buffers)
+    if (b.role == flashopt::abi::BufferRole::Correction ||
+        b.role == flashopt::abi::BufferRole::State)
+      out.push_back(&b);
+  return out;
+}
+
 /// Maps a bundle load failure to a status.
 void bundleFailure(const std::string &dir, const Status &s) {
   int err = 0;

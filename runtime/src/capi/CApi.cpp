@@ -244,17 +244,6 @@ flashopt_status flashopt_hyper_name(flashopt_optimizer opt, int32_t index,
 }
 
 namespace {
-/// The buffers of `m` a binding sees: the library-owned ones (correction
-/// term and states; not the parameter, the gradient or an accumulator).
-std::vector<const flashopt::abi::BufferSpec *> ownedBuffers(const Manifest &m) {
-  std::vector<const flashopt::abi::BufferSpec *> out;
-  for (const flashopt::abi::BufferSpec &b : m.buffers)
-    if (b.role == flashopt::abi::BufferRole::Correction ||
-        b.role == flashopt::abi::BufferRole::State)
-      out.push_back(&b);
-  return out;
-}
-
 void copyField(char *dst, size_t cap, const std::string &s, const char *what,
                const std::string &where) {
   if (s.size() >= cap)

@@ -14,6 +14,7 @@
 
 #include "flashopt/flashopt.h"
 
+#include "Bundles.h"
 #include "Checkpoint.h"
 #include "Errors.h"
 #include "Handles.h"
@@ -96,28 +97,22 @@ void checkBuffer(const OptObj &obj, int64_t index, const std::string &name,
   const Manifest &m = *o->m;
   const int64_t numel = o->params[size_t(index)].numel;
   const int64_t ng = (numel + m.group_size - 1) / m.group_size;
-  std::optional<int64_t> bytes;
+  const flashopt::abi::BufferSpec *found = nullptr;
   std::string names;
-  if (m.correction) {
-    names = quote("correction");
-    if (name == "correction")
-      bytes = numel * int64_t(dtype_size(*m.correction));
+  for (const flashopt::abi::BufferSpec *b : ownedBuffers(m)) {
+    names += (names.empty() ? "" : ", ") + quote(b->name);
+    if (b->name == name)
+      found = b;
   }
-  for (const StateSpec &s : m.states)
-    for (const flashopt::abi::StateBuffer &b :
-         flashopt::abi::state_buffers(s)) {
-      names += (names.empty() ? "" : ", ") + quote(s.name + b.suffix);
-      if (name == s.name + b.suffix)
-        bytes =
-            (b.per == Per::Group ? ng : numel) * int64_t(dtype_size(b.dtype));
-    }
-  if (!bytes)
+  if (!found)
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
          m.name + " has no buffer " + quote(name) + " (it has " +
              (names.empty() ? std::string("none") : names) + ")");
-  if (size != size_t(*bytes))
+  const int64_t bytes = (found->per == Per::Group ? ng : numel) *
+                        int64_t(dtype_size(found->dtype));
+  if (size != size_t(bytes))
     fail(FLASHOPT_ERROR_SIZE, o->describe(index) + ": buffer " + quote(name) +
-                                  " is " + std::to_string(*bytes) +
+                                  " is " + std::to_string(bytes) +
                                   " bytes, not " + std::to_string(size));
 }
 } // namespace
