@@ -15,7 +15,7 @@ from . import _lib as L
 from . import _state
 from ._dtensor_layout import _Packing, _types, first_rank_error
 from ._dtensor_state import (SPEC_KEY, STEP_KEY, elem_buffers, entry_states, fill_pieces,
-                             own_states, scale_table, state_buffers)
+                             own_states, scale_table)
 
 
 @torch.no_grad()
@@ -32,11 +32,11 @@ def state_dict(sp, param_groups) -> Dict[str, Any]:
     state: Dict[int, Dict[str, Any]] = {}
     for lay in sp.layouts:
         b = lay.bundle
-        own = own_states(lay, ckpt.get(id(b), {}), state_buffers(b))
+        own = own_states(lay, ckpt.get(id(b), {}), b.buffers())
         local = lay.p.to_local()
         dev = local.device
         entry: Dict[str, Any] = {STEP_KEY: torch.tensor(float(lay.step)), SPEC_KEY: b.spec}
-        for name, per, dt in state_buffers(b):
+        for name, per, dt in b.buffers():
             v = own[name]
             if per == "element":
                 entry[name] = DTensor.from_local(

@@ -19,7 +19,7 @@ pieces. docs/PYTHON.md "FSDP2 and DCP" has the costs.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -31,13 +31,8 @@ from ._dtensor_layout import Layout, _Piece, _types
 from ._views import SPEC_KEY, STEP_KEY  # noqa: F401 (re-exported)
 
 
-def state_buffers(b: _Bundle) -> List[Tuple[str, str, torch.dtype]]:
-    """The bundle's library-owned buffers (_Bundle.buffers)."""
-    return b.buffers()
-
-
 def elem_buffers(b: _Bundle) -> List[str]:
-    return [n for n, per, _ in state_buffers(b) if per == "element"]
+    return [n for n, per, _ in b.buffers() if per == "element"]
 
 
 def own_states(lay: Layout, tensors: Dict[str, torch.Tensor], bufs) -> Dict[str, torch.Tensor]:
@@ -111,7 +106,7 @@ def entry_states(lay: Layout, entry: Dict[str, Any], b: _Bundle):
                          f"optimizer runs {b.spec}")
     own = {}
     r0, r1 = lay.own_rows()
-    for name, per, dt in state_buffers(b):
+    for name, per, dt in b.buffers():
         if name not in entry:
             raise ValueError(f"flashopt: the state of p{lay.gid} has no {name!r}")
         v = entry[name]
@@ -165,7 +160,7 @@ def fill_pieces(lay: Layout, own: Dict[str, torch.Tensor], tensors: Dict[str, to
     kf = lay.s // lay.G
     names = elem_buffers(b)
     for pc in lay.pieces:
-        for name, per, dt in state_buffers(b):
+        for name, per, dt in b.buffers():
             key = f"{pc.name}.{name}"
             dest = tensors[key].reshape(-1).clone()
             if per == "element":

@@ -34,9 +34,9 @@ import torch
 
 from . import _lib as L
 
-# The state dict's own entry for the exact compressed form, and its version.
+# The top-level entry of the first state-dict format (whole compressed
+# checkpoints per bundle), still loaded.
 KEY = "flashopt"
-VERSION = 1
 
 
 # ---- safetensors bytes ----------------------------------------------------------------
@@ -78,14 +78,6 @@ def without_checksums(meta: Dict[str, str]) -> Dict[str, str]:
     m.pop("checksums", None)
     m.pop("metadata_checksum", None)
     return m
-
-
-def param_states(tensors: Dict[str, torch.Tensor], name: str) -> Dict[str, torch.Tensor]:
-    """The fp32 states of parameter `name` in an F32 checkpoint: the tensors
-    "<name>.<state>" ("<name>" itself is the master weight)."""
-    prefix = name + "."
-    return {k[len(prefix):]: v for k, v in tensors.items()
-            if k.startswith(prefix) and "." not in k[len(prefix):]}
 
 
 # ---- state_dict -------------------------------------------------------------------------

@@ -40,14 +40,18 @@ def test_the_library_writes_what_state_py_reads():
     assert all(e["step"] == 3 for e in params) and meta["step"] == "3"
     assert set(json.loads(meta["checksums"])) == set(f32)
     assert "metadata_checksum" in meta and meta["checkpoint"] == "f32"
-    # Tensors: "<param>" (the fp32 master) and "<param>.<state>".
-    assert set(_state.param_states(f32, "p0")) == {"exp_avg", "exp_avg_sq"}
+    # Tensors: "<param>" (the fp32 master) and "<param>.<state>" for each
+    # stored state (f32_checkpoint_from_torch_state writes those names).
+    assert {k for k in f32 if k.split(".")[0] == "p0"} == \
+        {"p0", *(f"p0.{s}" for s in b.state_names)} == {"p0", "p0.exp_avg", "p0.exp_avg_sq"}
     assert f32["p0"].dtype == torch.float32 and f32["p0.exp_avg"].numel() == ps[0].numel()
     exact, meta = _state.read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
     assert meta["checkpoint"] == "compressed"
-    # The compressed form's ".codes"/".scales" are not fp32 states.
-    assert any(k.endswith(".codes") for k in exact)
-    assert _state.param_states(exact, "p0") == {}
+    # The compressed form: "<param>" and "<param>.<buffer>" for each buffer
+    # the library describes (codes and scales, no fp32 state).
+    assert {k for k in exact if k.split(".")[0] == "p0"} == \
+        {"p0", *(f"p0.{n}" for n, _, _ in b.buffers())}
+    assert any(k.endswith(".codes") for k in exact) and "p0.exp_avg" not in exact
 
 
 def test_rewritten_steps_load_and_stale_checksums_do_not():
