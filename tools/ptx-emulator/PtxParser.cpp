@@ -12,7 +12,7 @@
 ///
 //===----------------------------------------------------------------------===//
 
-#include "PtxInternal.h"
+#include "PtxParser.h"
 
 #include <algorithm>
 #include <cfenv>
@@ -46,555 +46,315 @@ const Kernel *Module::kernel(const std::string &name) const {
   return nullptr;
 }
 
-namespace {
-
 //===----------------------------------------------------------------------===//
 // Module parsing
 //===----------------------------------------------------------------------===//
 
-struct Parser {
-  std::string src; ///< comments removed, newlines kept
-  size_t pos = 0;
-  int line = 1;
-  std::set<std::string> opcodes;
-  /// Initialized module-scope .global arrays: the data, and each symbol's
-  /// address (the host address of its bytes).
-  std::shared_ptr<ConstData> data = std::make_shared<ConstData>();
-  std::map<std::string, uint64_t> globals;
-
-  /// `.global .align N .b8 name[SIZE] = {b, b, ...};` (after `.global`):
-  /// constant tables (flashopt.table_lookup). Other data is refused.
-  void parseGlobalArray(int at) {
-    std::string w = word();
-    size_t align = 1;
-    if (w == ".align") {
-      align = size_t(std::stoul(word()));
-      w = word();
-    }
-    if (w != ".b8")
-      fail(at, ".global data of type " + w + " is not implemented (only .b8 arrays)");
-    std::string name = word();
-    if (name.empty() || !accept('['))
-      fail(at, ".global data must be an array");
-    size_t size = size_t(std::stoul(until(']')));
-    if (!accept('='))
-      fail(at, "uninitialized .global data is not implemented");
-    expect('{');
-    std::vector<uint8_t> bytes;
-    bytes.reserve(size + align);
-    for (std::string v : splitOperands(until('}'))) {
-      bool ok;
-      uint64_t b = parseImm(trim(v), at, &ok);
-      if (!ok || b > 255)
-        fail(at, "bad byte " + trim(v) + " in .global " + name);
-      bytes.push_back(uint8_t(b));
-    }
-    expect(';');
-    if (bytes.size() != size)
-      fail(at, ".global " + name + ": " + std::to_string(bytes.size()) +
-                   " initializers for " + std::to_string(size) + " bytes");
-    // Over-allocate so that the array can start at its alignment.
-    std::vector<uint8_t> store(size + align);
-    uintptr_t p = reinterpret_cast<uintptr_t>(store.data());
-    size_t skip = (align - p % align) % align;
-    std::memcpy(store.data() + skip, bytes.data(), size);
-    data->store.push_back(std::move(store));
-    uint64_t addr =
-        uint64_t(reinterpret_cast<uintptr_t>(data->store.back().data() + skip));
-    data->ranges.push_back({addr, uint64_t(size)});
-    globals[name] = addr;
+void Parser::parseGlobalArray(int at) {
+  std::string w = word();
+  size_t align = 1;
+  if (w == ".align") {
+    align = size_t(std::stoul(word()));
+    w = word();
   }
-
-  explicit Parser(const std::string &text) {
-    src.reserve(text.size());
-    for (size_t i = 0; i < text.size(); ++i) {
-      if (text[i] == '/' && i + 1 < text.size() && text[i + 1] == '/') {
-        while (i < text.size() && text[i] != '\n')
-          ++i;
-        if (i < text.size())
-          src += '\n';
-      } else if (text[i] == '/' && i + 1 < text.size() && text[i + 1] == '*') {
-        i += 2;
-        while (i + 1 < text.size() && !(text[i] == '*' && text[i + 1] == '/')) {
-          if (text[i] == '\n')
-            src += '\n';
-          ++i;
-        }
-        ++i;
-      } else {
-        src += text[i];
-      }
-    }
-  }
-
-  void skipSpace() {
-    while (pos < src.size() && std::isspace(static_cast<unsigned char>(src[pos]))) {
-      if (src[pos] == '\n')
-        ++line;
-      ++pos;
-    }
-  }
-  bool eof() {
-    skipSpace();
-    return pos >= src.size();
-  }
-  static bool identChar(char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
-           c == '$' || c == '.' || c == '%';
-  }
-  std::string word() {
-    skipSpace();
-    size_t b = pos;
-    while (pos < src.size() && identChar(src[pos]))
-      ++pos;
-    return src.substr(b, pos - b);
-  }
-  bool accept(char c) {
-    skipSpace();
-    if (pos < src.size() && src[pos] == c) {
-      ++pos;
-      return true;
-    }
-    return false;
-  }
-  void expect(char c) {
-    if (!accept(c))
-      fail(line, std::string("expected '") + c + "'");
-  }
-  /// Text up to (not including) `c`, which is consumed.
-  std::string until(char c) {
-    std::string out;
-    while (pos < src.size() && src[pos] != c) {
-      if (src[pos] == '\n')
-        ++line;
-      out += src[pos++];
-    }
-    if (pos >= src.size())
-      fail(line, std::string("missing '") + c + "'");
-    ++pos;
-    return out;
-  }
-
-  std::unique_ptr<Module> parseModule(Module *m, std::string *target,
-                                      std::vector<std::unique_ptr<KernelImpl>> *out) {
-    while (!eof()) {
-      int at = line;
-      std::string w = word();
-      if (w == ".version" || w == ".address_size") {
-        std::string v = word();
-        if (w == ".address_size" && v != "64")
-          fail(at, ".address_size " + v + " is not implemented");
-      } else if (w == ".target") {
-        *target = until('\n');
-        ++line;
-      } else if (w == ".global") {
-        parseGlobalArray(at);
-      } else if (w == ".visible" || w == ".entry") {
-        std::string next = w == ".visible" ? word() : ".entry";
-        if (next == ".global") {
-          // Initialized module data (the kernel ABI description): kept as
-          // text, never read by a kernel here.
-          until(';');
-        } else if (next != ".entry") {
-          fail(at, "only .entry functions and .global data are implemented");
-        } else {
-          out->push_back(parseEntry());
-        }
-      } else if (w.empty()) {
-        fail(at, std::string("unexpected character '") + src[pos] + "'");
-      } else {
-        fail(at, "module directive " + w + " is not implemented");
-      }
-    }
-    (void)m;
-    return nullptr;
-  }
-
-  std::unique_ptr<KernelImpl> parseEntry() {
-    auto k = std::make_unique<KernelImpl>();
-    k->constData = data;
-    k->name = word();
-    expect('(');
-    if (!accept(')')) {
-      do {
-        int at = line;
-        if (word() != ".param")
-          fail(at, "expected .param");
-        std::string ty = word();
-        size_t align = 0;
-        if (ty == ".align") {
-          align = size_t(std::stoul(word()));
-          ty = word();
-        }
-        auto tn = typeNames().find(ty.empty() ? ty : ty.substr(1));
-        if (tn == typeNames().end() || tn->second == T::Pred)
-          fail(at, "parameter type " + ty + " is not implemented");
-        size_t sz = size_t(bitsOf(tn->second) / 8);
-        std::string name = word();
-        size_t count = 1;
-        if (accept('[')) {
-          count = size_t(std::stoul(until(']')));
-        }
-        if (!align)
-          align = sz;
-        size_t off = (k->paramBytes + align - 1) / align * align;
-        k->params.push_back({off, sz * count});
-        k->paramOffset[name] = off;
-        k->paramBytes = off + sz * count;
-      } while (accept(','));
-      expect(')');
-    }
-    // Performance directives up to the body.
-    while (true) {
-      skipSpace();
-      if (accept('{'))
-        break;
-      int at = line;
-      std::string d = word();
-      if (d == ".maxntid" || d == ".reqntid" || d == ".minnctapersm" ||
-          d == ".maxnreg" || d == ".maxnctapersm") {
-        std::vector<unsigned> v;
-        do {
-          v.push_back(unsigned(std::stoul(word())));
-        } while (accept(','));
-        if (d == ".maxntid" || d == ".reqntid") {
-          v.resize(3, 1);
-          for (int i = 0; i < 3; ++i)
-            k->ntidLimit[i] = v[size_t(i)];
-          k->ntidExact = d == ".reqntid";
-        }
-      } else {
-        fail(at, "entry directive " + (d.empty() ? std::string(1, src[pos]) : d) +
-                     " is not implemented");
-      }
-    }
-    parseBody(*k);
-    return k;
-  }
-
-  std::unordered_map<std::string, int> regs;
-  std::unordered_map<std::string, int> labels;
-  /// Nested `{ }` scopes: the names each declared, with what they shadowed.
-  std::vector<std::vector<std::pair<std::string, int>>> scopes;
-
-  void bindReg(KernelImpl &k, const std::string &name, int bits) {
-    if (!scopes.empty()) {
-      auto old = regs.find(name);
-      scopes.back().push_back({name, old == regs.end() ? -1 : old->second});
-    }
-    regs[name] = k.numRegs++;
-    k.regMask.push_back(maskOf(bits));
-  }
-
-  void declareRegs(KernelImpl &k, const std::string &stmt, int at) {
-    // ".reg .b32 %r<205>" or ".reg .f32 %f1, %f2"
-    std::istringstream is(stmt);
-    std::string dot, ty;
-    is >> dot >> ty;
-    auto tn = typeNames().find(ty.size() > 1 ? ty.substr(1) : ty);
-    if (tn == typeNames().end())
-      fail(at, "register type " + ty + " is not implemented");
-    int bits = bitsOf(tn->second);
-    std::string rest;
-    std::getline(is, rest);
-    for (std::string item : split(rest, ',')) {
-      item.erase(std::remove_if(item.begin(), item.end(),
-                                [](char c) { return std::isspace(static_cast<unsigned char>(c)); }),
-                 item.end());
-      size_t lt = item.find('<');
-      if (lt != std::string::npos) {
-        std::string prefix = item.substr(0, lt);
-        int n = std::stoi(item.substr(lt + 1));
-        for (int i = 0; i < n; ++i)
-          bindReg(k, prefix + std::to_string(i), bits);
-      } else if (!item.empty()) {
-        bindReg(k, item, bits);
-      }
-    }
-  }
-
-  int regIndex(const std::string &name, int at) {
-    auto it = regs.find(name);
-    if (it == regs.end())
-      fail(at, "unknown register " + name);
-    return it->second;
-  }
-
-  static std::string trim(const std::string &s) {
-    size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-    return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-  }
-
-  uint64_t parseImm(const std::string &s, int at, bool *ok) {
-    *ok = true;
-    std::string t = s;
-    if (t.size() > 2 && t[0] == '0' && (t[1] == 'f' || t[1] == 'F') &&
-        t.size() == 10)
-      return std::stoull(t.substr(2), nullptr, 16);
-    if (t.size() > 2 && t[0] == '0' && (t[1] == 'd' || t[1] == 'D') &&
-        t.size() == 18)
-      return std::stoull(t.substr(2), nullptr, 16);
-    bool neg = false;
-    size_t i = 0;
-    if (!t.empty() && t[0] == '-') {
-      neg = true;
-      i = 1;
-    }
-    if (i >= t.size() || !std::isdigit(static_cast<unsigned char>(t[i]))) {
-      *ok = false;
-      return 0;
-    }
-    if (!t.empty() && (t.back() == 'U' || t.back() == 'u'))
-      t.pop_back();
-    uint64_t v = 0;
-    try {
-      size_t used = 0;
-      if (t.size() > i + 1 && t[i] == '0' && (t[i + 1] == 'x' || t[i + 1] == 'X'))
-        v = std::stoull(t.substr(i + 2), &used, 16), used += 2;
-      else
-        v = std::stoull(t.substr(i), &used, 10);
-      if (used != t.size() - i)
-        fail(at, "bad immediate " + s);
-    } catch (const std::logic_error &) {
-      fail(at, "bad immediate " + s);
-    }
-    return neg ? uint64_t(-int64_t(v)) : v;
-  }
-
-  Operand parseOperand(KernelImpl &k, std::string s, int at) {
-    s = trim(s);
-    Operand o;
-    if (s.empty())
-      fail(at, "empty operand");
-    if (s == "_") {
-      o.kind = Operand::Sink;
-      return o;
-    }
-    if (s[0] == '{') {
-      if (s.back() != '}')
-        fail(at, "bad vector operand " + s);
-      o.kind = Operand::Vec;
-      for (std::string e : split(s.substr(1, s.size() - 2), ',')) {
-        e = trim(e);
-        if (o.nvec == 4)
-          fail(at, "vector operand longer than 4");
-        if (e == "_") {
-          o.vec[o.nvec++] = -1;
-          continue;
-        }
-        bool isImm = false;
-        uint64_t v = regs.count(e) ? 0 : parseImm(e, at, &isImm);
-        if (isImm) {
-          o.vimm[o.nvec] = v;
-          o.vec[o.nvec++] = -2;
-        } else {
-          o.vec[o.nvec++] = regIndex(e, at);
-        }
-      }
-      return o;
-    }
-    if (s[0] == '[') {
-      if (s.back() != ']')
-        fail(at, "bad address operand " + s);
-      std::string in = trim(s.substr(1, s.size() - 2));
-      o.kind = Operand::Mem;
-      std::string basePart = in, offPart;
-      size_t plus = in.find('+');
-      if (plus != std::string::npos) {
-        basePart = trim(in.substr(0, plus));
-        offPart = trim(in.substr(plus + 1));
-      }
-      if (!offPart.empty()) {
-        bool ok;
-        o.imm = parseImm(offPart, at, &ok);
-        if (!ok)
-          fail(at, "bad address offset " + offPart);
-      }
-      if (!basePart.empty() && basePart[0] == '%') {
-        o.reg = regIndex(basePart, at);
-      } else {
-        auto p = k.paramOffset.find(basePart);
-        if (p == k.paramOffset.end())
-          fail(at, "address " + basePart + " is not a register or a parameter "
-                                           "(global symbols are not implemented)");
-        o.reg = -1;
-        o.imm += p->second;
-      }
-      return o;
-    }
-    if (s[0] == '%') {
-      static const std::map<std::string, Special> specials = {
-          {"%tid.x", Special::TidX},       {"%tid.y", Special::TidY},
-          {"%tid.z", Special::TidZ},       {"%ntid.x", Special::NtidX},
-          {"%ntid.y", Special::NtidY},     {"%ntid.z", Special::NtidZ},
-          {"%ctaid.x", Special::CtaidX},   {"%ctaid.y", Special::CtaidY},
-          {"%ctaid.z", Special::CtaidZ},   {"%nctaid.x", Special::NctaidX},
-          {"%nctaid.y", Special::NctaidY}, {"%nctaid.z", Special::NctaidZ},
-          {"%laneid", Special::LaneId},    {"%warpid", Special::WarpId}};
-      auto sp = specials.find(s);
-      if (sp != specials.end()) {
-        o.kind = Operand::Spec;
-        o.special = sp->second;
-        return o;
-      }
-      if (!regs.count(s))
-        fail(at, "unknown register or special register " + s +
-                     " (not implemented)");
-      o.kind = Operand::Reg;
-      o.reg = regs[s];
-      return o;
-    }
-    if (regs.count(s)) { // a register of a nested scope ("tmp")
-      o.kind = Operand::Reg;
-      o.reg = regs[s];
-      return o;
-    }
+  if (w != ".b8")
+    fail(at, ".global data of type " + w + " is not implemented (only .b8 arrays)");
+  std::string name = word();
+  if (name.empty() || !accept('['))
+    fail(at, ".global data must be an array");
+  size_t size = size_t(std::stoul(until(']')));
+  if (!accept('='))
+    fail(at, "uninitialized .global data is not implemented");
+  expect('{');
+  std::vector<uint8_t> bytes;
+  bytes.reserve(size + align);
+  for (std::string v : splitOperands(until('}'))) {
     bool ok;
-    uint64_t v = parseImm(s, at, &ok);
-    if (ok) {
-      o.kind = Operand::Imm;
-      o.imm = v;
-      return o;
-    }
-    if (auto g = globals.find(s); g != globals.end()) {
-      o.kind = Operand::Imm; // the array's address
-      o.imm = g->second;
-      return o;
-    }
-    if (std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '$' ||
-        s[0] == '_') {
-      o.kind = Operand::Label;
-      o.label = s;
-      return o;
-    }
-    fail(at, "operand " + s + " is not understood");
+    uint64_t b = parseImm(trim(v), at, &ok);
+    if (!ok || b > 255)
+      fail(at, "bad byte " + trim(v) + " in .global " + name);
+    bytes.push_back(uint8_t(b));
   }
+  expect(';');
+  if (bytes.size() != size)
+    fail(at, ".global " + name + ": " + std::to_string(bytes.size()) +
+                 " initializers for " + std::to_string(size) + " bytes");
+  // Over-allocate so that the array can start at its alignment.
+  std::vector<uint8_t> store(size + align);
+  uintptr_t p = reinterpret_cast<uintptr_t>(store.data());
+  size_t skip = (align - p % align) % align;
+  std::memcpy(store.data() + skip, bytes.data(), size);
+  data->store.push_back(std::move(store));
+  uint64_t addr =
+      uint64_t(reinterpret_cast<uintptr_t>(data->store.back().data() + skip));
+  data->ranges.push_back({addr, uint64_t(size)});
+  globals[name] = addr;
+}
 
-  /// Splits operands at top-level commas (not inside {} or []).
-  static std::vector<std::string> splitOperands(const std::string &s) {
-    std::vector<std::string> out;
-    std::string cur;
-    int depth = 0;
-    for (char c : s) {
-      if (c == '{' || c == '[')
-        ++depth;
-      if (c == '}' || c == ']')
-        --depth;
-      if (c == ',' && depth == 0) {
-        out.push_back(cur);
-        cur.clear();
+Parser::Parser(const std::string &text) {
+  src.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+      while (i < text.size() && text[i] != '\n')
+        ++i;
+      if (i < text.size())
+        src += '\n';
+    } else if (text[i] == '/' && i + 1 < text.size() && text[i + 1] == '*') {
+      i += 2;
+      while (i + 1 < text.size() && !(text[i] == '*' && text[i + 1] == '/')) {
+        if (text[i] == '\n')
+          src += '\n';
+        ++i;
+      }
+      ++i;
+    } else {
+      src += text[i];
+    }
+  }
+}
+
+std::unique_ptr<Module>
+Parser::parseModule(Module *m, std::string *target,
+                    std::vector<std::unique_ptr<KernelImpl>> *out) {
+  while (!eof()) {
+    int at = line;
+    std::string w = word();
+    if (w == ".version" || w == ".address_size") {
+      std::string v = word();
+      if (w == ".address_size" && v != "64")
+        fail(at, ".address_size " + v + " is not implemented");
+    } else if (w == ".target") {
+      *target = until('\n');
+      ++line;
+    } else if (w == ".global") {
+      parseGlobalArray(at);
+    } else if (w == ".visible" || w == ".entry") {
+      std::string next = w == ".visible" ? word() : ".entry";
+      if (next == ".global") {
+        // Initialized module data (the kernel ABI description): kept as
+        // text, never read by a kernel here.
+        until(';');
+      } else if (next != ".entry") {
+        fail(at, "only .entry functions and .global data are implemented");
       } else {
-        cur += c;
+        out->push_back(parseEntry());
       }
+    } else if (w.empty()) {
+      fail(at, std::string("unexpected character '") + src[pos] + "'");
+    } else {
+      fail(at, "module directive " + w + " is not implemented");
     }
-    if (!trim(cur).empty())
-      out.push_back(cur);
-    return out;
   }
+  (void)m;
+  return nullptr;
+}
 
-  void parseInstruction(KernelImpl &k, std::string stmt, int at) {
-    Inst I;
-    I.line = at;
-    stmt = trim(stmt);
-    if (!stmt.empty() && stmt[0] == '@') {
-      size_t sp = stmt.find_first_of(" \t");
-      if (sp == std::string::npos)
-        fail(at, "bad guard");
-      std::string g = stmt.substr(1, sp - 1);
-      if (!g.empty() && g[0] == '!') {
-        I.guardNeg = true;
-        g = g.substr(1);
-      }
-      I.guard = regIndex(g, at);
-      stmt = trim(stmt.substr(sp));
-    }
-    size_t sp = stmt.find_first_of(" \t");
-    std::string opc = sp == std::string::npos ? stmt : stmt.substr(0, sp);
-    std::string rest = sp == std::string::npos ? "" : stmt.substr(sp);
-    I.opcode = opc;
-    try {
-      decodeOpcode(opc, I);
-    } catch (const ParseError &) {
-      throw;
-    } catch (const std::exception &e) {
-      fail(at, opc + ": " + e.what());
-    }
-    opcodes.insert(opc);
-    std::vector<std::string> ops = splitOperands(rest);
-    if (ops.size() > 5)
-      fail(at, opc + ": too many operands");
-    for (const std::string &s : ops)
-      I.o[I.nops++] = parseOperand(k, s, at);
-    checkOperands(I);
-    k.code.push_back(I);
-  }
-
-  void parseBody(KernelImpl &k) {
-    regs.clear();
-    labels.clear();
-    scopes.clear();
-    while (true) {
-      skipSpace();
-      if (pos >= src.size())
-        fail(line, "missing '}' at the end of " + k.name);
+std::unique_ptr<KernelImpl> Parser::parseEntry() {
+  auto k = std::make_unique<KernelImpl>();
+  k->constData = data;
+  k->name = word();
+  expect('(');
+  if (!accept(')')) {
+    do {
       int at = line;
-      if (accept('}')) {
-        if (scopes.empty())
-          break;
-        // Leaving a nested scope: its register names go out of scope.
-        for (auto it = scopes.back().rbegin(); it != scopes.back().rend(); ++it) {
-          if (it->second < 0)
-            regs.erase(it->first);
-          else
-            regs[it->first] = it->second;
-        }
-        scopes.pop_back();
-        continue;
+      if (word() != ".param")
+        fail(at, "expected .param");
+      std::string ty = word();
+      size_t align = 0;
+      if (ty == ".align") {
+        align = size_t(std::stoul(word()));
+        ty = word();
       }
-      if (accept('{')) {
-        scopes.emplace_back();
-        continue;
+      auto tn = typeNames().find(ty.empty() ? ty : ty.substr(1));
+      if (tn == typeNames().end() || tn->second == T::Pred)
+        fail(at, "parameter type " + ty + " is not implemented");
+      size_t sz = size_t(bitsOf(tn->second) / 8);
+      std::string name = word();
+      size_t count = 1;
+      if (accept('[')) {
+        count = size_t(std::stoul(until(']')));
       }
-      // A label?
-      size_t save = pos;
-      int saveLine = line;
-      std::string w = word();
-      if (!w.empty() && w[0] != '.' && w[0] != '%' && w[0] != '@' &&
-          accept(':')) {
-        if (labels.count(w))
-          fail(at, "label " + w + " defined twice");
-        labels[w] = int(k.code.size());
-        continue;
-      }
-      pos = save;
-      line = saveLine;
-      std::string stmt = until(';');
-      std::string head = trim(stmt);
-      if (head.rfind(".reg", 0) == 0) {
-        declareRegs(k, head, at);
-      } else if (!head.empty() && head[0] == '.') {
-        fail(at, "directive " + head.substr(0, head.find_first_of(" \t")) +
-                     " in a function body is not implemented (.local, "
-                     ".shared, ... have no model)");
-      } else {
-        parseInstruction(k, head, at);
-      }
-    }
-    for (Inst &I : k.code)
-      if (I.op == Op::Bra) {
-        auto it = labels.find(I.o[0].label);
-        if (it == labels.end())
-          fail(I.line, "unknown label " + I.o[0].label);
-        I.o[0].target = it->second;
-      }
-    if (k.code.empty() || (k.code.back().op != Op::Ret &&
-                           k.code.back().op != Op::Bra))
-      fail(line, k.name + " does not end in ret or bra");
-    computeReconvergence(k);
+      if (!align)
+        align = sz;
+      size_t off = (k->paramBytes + align - 1) / align * align;
+      k->params.push_back({off, sz * count});
+      k->paramOffset[name] = off;
+      k->paramBytes = off + sz * count;
+    } while (accept(','));
+    expect(')');
   }
-};
+  // Performance directives up to the body.
+  while (true) {
+    skipSpace();
+    if (accept('{'))
+      break;
+    int at = line;
+    std::string d = word();
+    if (d == ".maxntid" || d == ".reqntid" || d == ".minnctapersm" ||
+        d == ".maxnreg" || d == ".maxnctapersm") {
+      std::vector<unsigned> v;
+      do {
+        v.push_back(unsigned(std::stoul(word())));
+      } while (accept(','));
+      if (d == ".maxntid" || d == ".reqntid") {
+        v.resize(3, 1);
+        for (int i = 0; i < 3; ++i)
+          k->ntidLimit[i] = v[size_t(i)];
+        k->ntidExact = d == ".reqntid";
+      }
+    } else {
+      fail(at, "entry directive " + (d.empty() ? std::string(1, src[pos]) : d) +
+                   " is not implemented");
+    }
+  }
+  parseBody(*k);
+  return k;
+}
 
-} // namespace
+void Parser::bindReg(KernelImpl &k, const std::string &name, int bits) {
+  if (!scopes.empty()) {
+    auto old = regs.find(name);
+    scopes.back().push_back({name, old == regs.end() ? -1 : old->second});
+  }
+  regs[name] = k.numRegs++;
+  k.regMask.push_back(maskOf(bits));
+}
+
+void Parser::declareRegs(KernelImpl &k, const std::string &stmt, int at) {
+  // ".reg .b32 %r<205>" or ".reg .f32 %f1, %f2"
+  std::istringstream is(stmt);
+  std::string dot, ty;
+  is >> dot >> ty;
+  auto tn = typeNames().find(ty.size() > 1 ? ty.substr(1) : ty);
+  if (tn == typeNames().end())
+    fail(at, "register type " + ty + " is not implemented");
+  int bits = bitsOf(tn->second);
+  std::string rest;
+  std::getline(is, rest);
+  for (std::string item : split(rest, ',')) {
+    item.erase(std::remove_if(item.begin(), item.end(),
+                              [](char c) { return std::isspace(static_cast<unsigned char>(c)); }),
+               item.end());
+    size_t lt = item.find('<');
+    if (lt != std::string::npos) {
+      std::string prefix = item.substr(0, lt);
+      int n = std::stoi(item.substr(lt + 1));
+      for (int i = 0; i < n; ++i)
+        bindReg(k, prefix + std::to_string(i), bits);
+    } else if (!item.empty()) {
+      bindReg(k, item, bits);
+    }
+  }
+}
+
+int Parser::regIndex(const std::string &name, int at) {
+  auto it = regs.find(name);
+  if (it == regs.end())
+    fail(at, "unknown register " + name);
+  return it->second;
+}
+
+void Parser::parseInstruction(KernelImpl &k, std::string stmt, int at) {
+  Inst I;
+  I.line = at;
+  stmt = trim(stmt);
+  if (!stmt.empty() && stmt[0] == '@') {
+    size_t sp = stmt.find_first_of(" \t");
+    if (sp == std::string::npos)
+      fail(at, "bad guard");
+    std::string g = stmt.substr(1, sp - 1);
+    if (!g.empty() && g[0] == '!') {
+      I.guardNeg = true;
+      g = g.substr(1);
+    }
+    I.guard = regIndex(g, at);
+    stmt = trim(stmt.substr(sp));
+  }
+  size_t sp = stmt.find_first_of(" \t");
+  std::string opc = sp == std::string::npos ? stmt : stmt.substr(0, sp);
+  std::string rest = sp == std::string::npos ? "" : stmt.substr(sp);
+  I.opcode = opc;
+  try {
+    decodeOpcode(opc, I);
+  } catch (const ParseError &) {
+    throw;
+  } catch (const std::exception &e) {
+    fail(at, opc + ": " + e.what());
+  }
+  opcodes.insert(opc);
+  std::vector<std::string> ops = splitOperands(rest);
+  if (ops.size() > 5)
+    fail(at, opc + ": too many operands");
+  for (const std::string &s : ops)
+    I.o[I.nops++] = parseOperand(k, s, at);
+  checkOperands(I);
+  k.code.push_back(I);
+}
+
+void Parser::parseBody(KernelImpl &k) {
+  regs.clear();
+  labels.clear();
+  scopes.clear();
+  while (true) {
+    skipSpace();
+    if (pos >= src.size())
+      fail(line, "missing '}' at the end of " + k.name);
+    int at = line;
+    if (accept('}')) {
+      if (scopes.empty())
+        break;
+      // Leaving a nested scope: its register names go out of scope.
+      for (auto it = scopes.back().rbegin(); it != scopes.back().rend(); ++it) {
+        if (it->second < 0)
+          regs.erase(it->first);
+        else
+          regs[it->first] = it->second;
+      }
+      scopes.pop_back();
+      continue;
+    }
+    if (accept('{')) {
+      scopes.emplace_back();
+      continue;
+    }
+    // A label?
+    size_t save = pos;
+    int saveLine = line;
+    std::string w = word();
+    if (!w.empty() && w[0] != '.' && w[0] != '%' && w[0] != '@' &&
+        accept(':')) {
+      if (labels.count(w))
+        fail(at, "label " + w + " defined twice");
+      labels[w] = int(k.code.size());
+      continue;
+    }
+    pos = save;
+    line = saveLine;
+    std::string stmt = until(';');
+    std::string head = trim(stmt);
+    if (head.rfind(".reg", 0) == 0) {
+      declareRegs(k, head, at);
+    } else if (!head.empty() && head[0] == '.') {
+      fail(at, "directive " + head.substr(0, head.find_first_of(" \t")) +
+                   " in a function body is not implemented (.local, "
+                   ".shared, ... have no model)");
+    } else {
+      parseInstruction(k, head, at);
+    }
+  }
+  for (Inst &I : k.code)
+    if (I.op == Op::Bra) {
+      auto it = labels.find(I.o[0].label);
+      if (it == labels.end())
+        fail(I.line, "unknown label " + I.o[0].label);
+      I.o[0].target = it->second;
+    }
+  if (k.code.empty() || (k.code.back().op != Op::Ret &&
+                         k.code.back().op != Op::Bra))
+    fail(line, k.name + " does not end in ret or bra");
+  computeReconvergence(k);
+}
+
 
 std::unique_ptr<Module> Module::parse(const std::string &text,
                                       std::string *error) {
