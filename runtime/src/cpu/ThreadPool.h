@@ -21,19 +21,21 @@ namespace flashopt::host {
 /// and the calling thread, and returns when all calls are done.
 class ThreadPool {
 public:
+  /// Starts `workers` threads; throws std::system_error when one cannot be
+  /// started (the system is out of threads or memory), after stopping and
+  /// joining the ones that did start: a joinable std::thread destroyed
+  /// while the exception unwinds would std::terminate the process
+  /// ("terminate called without an active exception").
   explicit ThreadPool(int workers) {
-    for (int i = 0; i < workers; ++i)
-      threads_.emplace_back([this] { loop(); });
-  }
-  ~ThreadPool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+    try {
+      for (int i = 0; i < workers; ++i)
+        threads_.emplace_back([this] { loop(); });
+    } catch (...) {
+      stop();
+      throw;
     }
-    wake_.notify_all();
-    for (std::thread &t : threads_)
-      t.join();
   }
+  ~ThreadPool() { stop(); }
   int workers() const { return int(threads_.size()); }
 
   void run(int64_t jobs, const std::function<void(int64_t)> &fn) {
@@ -58,6 +60,17 @@ public:
   }
 
 private:
+  /// Stops and joins every started thread.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread &t : threads_)
+      t.join();
+    threads_.clear();
+  }
   void work(const std::function<void(int64_t)> &fn, int64_t jobs) {
     for (;;) {
       int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
