@@ -132,110 +132,145 @@ bool carryPrologue(KernelOp kernel) {
   return false;
 }
 
-LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
-                          int64_t bytesPerThread, int64_t maxRegisters) {
-  Location loc = kernel.getLoc();
-  int64_t groupSize = kernel.getGroupSize();
-  int64_t width = gpuElementsPerThread(kernel, bytesPerThread);
-  int64_t lanesPerGroup = groupSize / width;
-  if (lanesPerGroup > kWarpSize)
-    return kernel.emitOpError()
-           << "group size " << groupSize << " spans more than one warp at "
-           << width << " elements per thread";
-  int64_t groupsPerWarp = kWarpSize / lanesPerGroup;
-  int64_t numBuffers = kernel.getBuffers().size();
-  int64_t recordWords = kTableHeaderWords + numBuffers;
-  int64_t numHypers = kernel.getHypers().size();
+/// One flashopt.kernel lowered to a gpu.func, in named phases:
+///
+///   createFunction -> threadCoordinates -> chooseCarried ->
+///   beginGridStrideLoop -> lookupRecord (binary search, prologue) ->
+///   emitBody (the group body for this lane's elements)
+///
+/// The order in which the phases create operations is the kernels' IR (and
+/// so their PTX): a phase may not be reordered without changing every
+/// bundle.
+class GpuKernelLowering {
+public:
+  GpuKernelLowering(KernelOp kernel, int64_t blockSize, int64_t bytesPerThread,
+                    int64_t maxRegisters)
+      : kernel(kernel), loc(kernel.getLoc()), blockSize(blockSize),
+        maxRegisters(maxRegisters), groupSize(kernel.getGroupSize()),
+        width(gpuElementsPerThread(kernel, bytesPerThread)),
+        lanesPerGroup(groupSize / width), groupsPerWarp(kWarpSize / lanesPerGroup),
+        recordWords(kTableHeaderWords +
+                    int64_t(kernel.getBuffers().size())),
+        numHypers(kernel.getHypers().size()) {}
 
-  auto module = kernel->getParentOfType<ModuleOp>();
-  module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
-                  UnitAttr::get(kernel.getContext()));
-  OpBuilder b(kernel);
-  auto gpuModule =
-      gpu::GPUModuleOp::create(b, loc, (kernel.getSymName() + "_gpu").str());
-  OpBuilder mb = OpBuilder::atBlockBegin(gpuModule.getBody());
-  Type i64 = b.getI64Type();
-  Type idx = b.getIndexType();
-  auto fnType = b.getFunctionType({i64, i64, i64, i64, i64, i64}, {});
-  auto fn = gpu::GPUFuncOp::create(mb, loc, kernel.getSymName(), fnType);
-  fn->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
-  fn.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(blockSize), 1, 1}));
-  for (NamedAttribute attr : kernel->getDiscardableAttrs())
-    fn->setAttr(attr.getName(), attr.getValue());
-  if (maxRegisters > 0)
-    fn->setAttr(kMaxRegistersAttrName, b.getI32IntegerAttr(maxRegisters));
+  LogicalResult run() {
+    if (lanesPerGroup > kWarpSize)
+      return kernel.emitOpError()
+             << "group size " << groupSize << " spans more than one warp at "
+             << width << " elements per thread";
+    createFunction();
+    threadCoordinates();
+    chooseCarried();
+    beginGridStrideLoop();
+    lookupRecord();
+    if (failed(emitBody()))
+      return failure();
+    OpBuilder rb = OpBuilder::atBlockEnd(entry);
+    gpu::ReturnOp::create(rb, loc);
+    kernel.erase();
+    return success();
+  }
 
-  Block &entry = fn.getBody().front();
-  OpBuilder fb = OpBuilder::atBlockBegin(&entry);
-  Value table = entry.getArgument(0), ntensors = entry.getArgument(1),
-        hypers = entry.getArgument(2), step = entry.getArgument(3),
-        groupBegin = entry.getArgument(4), groupEnd = entry.getArgument(5);
-  auto cIdx = [&](OpBuilder &ob, int64_t v) -> Value {
+private:
+  Value cIdx(OpBuilder &ob, int64_t v) {
     return arith::ConstantIndexOp::create(ob, loc, v);
-  };
-  auto cI64 = [&](OpBuilder &ob, int64_t v) -> Value {
+  }
+  Value cI64(OpBuilder &ob, int64_t v) {
     return arith::ConstantOp::create(ob, loc, ob.getI64IntegerAttr(v));
-  };
-
-  // Thread coordinates.
-  Value tid = gpu::ThreadIdOp::create(fb, loc, gpu::Dimension::x);
-  Value bid = gpu::BlockIdOp::create(fb, loc, gpu::Dimension::x);
-  Value gdim = gpu::GridDimOp::create(fb, loc, gpu::Dimension::x);
-  Value gtid = arith::AddIOp::create(
-      fb, loc, arith::MulIOp::create(fb, loc, bid, cIdx(fb, blockSize)), tid);
-  Value lane = arith::RemUIOp::create(fb, loc, tid, cIdx(fb, kWarpSize));
-  Value warp = arith::DivUIOp::create(fb, loc, gtid, cIdx(fb, kWarpSize));
-  Value segment =
-      arith::DivUIOp::create(fb, loc, lane, cIdx(fb, lanesPerGroup));
-  Value laneInGroup =
-      arith::RemUIOp::create(fb, loc, lane, cIdx(fb, lanesPerGroup));
-  Value warpsPerGrid =
-      arith::MulIOp::create(fb, loc, gdim, cIdx(fb, blockSize / kWarpSize));
-  Value stride =
-      arith::MulIOp::create(fb, loc, warpsPerGrid, cIdx(fb, groupsPerWarp));
-  Value beginIdx = arith::IndexCastOp::create(fb, loc, idx, groupBegin);
-  Value endIdx = arith::IndexCastOp::create(fb, loc, idx, groupEnd);
-  Value ntIdx = arith::IndexCastOp::create(fb, loc, idx, ntensors);
-  Value start = arith::AddIOp::create(
-      fb, loc, beginIdx,
-      arith::MulIOp::create(fb, loc, warp, cIdx(fb, groupsPerWarp)));
-  Value isLeader = arith::CmpIOp::create(fb, loc, arith::CmpIPredicate::eq,
-                                         laneInGroup, cIdx(fb, 0));
-
-  // The prologue values the group body uses (hyper-parameters, per-step
-  // scalars), when they are carried: computed once per table record and
-  // lane, not once per group.
-  bool carry = carryPrologue(kernel);
-  // With carried prologue values, the record-uniform part of the dither
-  // (docs/NUMERICS.md §8), element offset * A + H(step), is carried too:
-  // computed once per record, it leaves one multiply-add per worker in place
-  // of the offset's load and the step's hash.
-  Value ditherStep;
-  bool carryDither = false;
-  if (carry && usesElementOffset(kernel)) {
-    carryDither = true;
-    getGroupBody(kernel).walk([&](DitherOp d) {
-      if (ditherStep && ditherStep != d.getStep())
-        carryDither = false;
-      ditherStep = d.getStep();
-    });
-  }
-  SmallVector<Value> prologueValues;
-  if (carry) {
-    GroupBodyOp body = getGroupBody(kernel);
-    llvm::SetVector<Value> used;
-    body.walk([&](Operation *op) {
-      for (Value v : op->getOperands())
-        if (!body->isAncestor(v.getParentRegion()->getParentOp()) &&
-            !matchPattern(v, m_Constant()) &&
-            !(carryDither && isa<DitherOp>(op)))
-          used.insert(v);
-    });
-    prologueValues.assign(used.begin(), used.end());
   }
 
-  // The f32 hyper table of a record's parameter group.
-  auto hyperBaseOf = [&](OpBuilder &ob, Value rec) -> Value {
+  /// The gpu.module and gpu.func of the kernel ABI (docs/KERNEL-ABI.md):
+  /// (table, ntensors, hypers, step, group begin, group end).
+  void createFunction() {
+    auto module = kernel->getParentOfType<ModuleOp>();
+    module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                    UnitAttr::get(kernel.getContext()));
+    OpBuilder b(kernel);
+    auto gpuModule =
+        gpu::GPUModuleOp::create(b, loc, (kernel.getSymName() + "_gpu").str());
+    OpBuilder mb = OpBuilder::atBlockBegin(gpuModule.getBody());
+    Type i64 = b.getI64Type();
+    auto fnType = b.getFunctionType({i64, i64, i64, i64, i64, i64}, {});
+    auto fn = gpu::GPUFuncOp::create(mb, loc, kernel.getSymName(), fnType);
+    fn->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+    fn.setKnownBlockSizeAttr(
+        b.getDenseI32ArrayAttr({int32_t(blockSize), 1, 1}));
+    for (NamedAttribute attr : kernel->getDiscardableAttrs())
+      fn->setAttr(attr.getName(), attr.getValue());
+    if (maxRegisters > 0)
+      fn->setAttr(kMaxRegistersAttrName, b.getI32IntegerAttr(maxRegisters));
+    entry = &fn.getBody().front();
+    fb = OpBuilder::atBlockBegin(entry);
+    table = entry->getArgument(0);
+    ntensors = entry->getArgument(1);
+    hypers = entry->getArgument(2);
+    step = entry->getArgument(3);
+    groupBegin = entry->getArgument(4);
+    groupEnd = entry->getArgument(5);
+  }
+
+  /// Thread coordinates: the lane's segment (which group of its warp's
+  /// groupsPerWarp), its place in the group, the grid stride, the first
+  /// group of its warp.
+  void threadCoordinates() {
+    Type idx = fb.getIndexType();
+    Value tid = gpu::ThreadIdOp::create(fb, loc, gpu::Dimension::x);
+    Value bid = gpu::BlockIdOp::create(fb, loc, gpu::Dimension::x);
+    Value gdim = gpu::GridDimOp::create(fb, loc, gpu::Dimension::x);
+    Value gtid = arith::AddIOp::create(
+        fb, loc, arith::MulIOp::create(fb, loc, bid, cIdx(fb, blockSize)), tid);
+    Value lane = arith::RemUIOp::create(fb, loc, tid, cIdx(fb, kWarpSize));
+    Value warp = arith::DivUIOp::create(fb, loc, gtid, cIdx(fb, kWarpSize));
+    segment = arith::DivUIOp::create(fb, loc, lane, cIdx(fb, lanesPerGroup));
+    laneInGroup =
+        arith::RemUIOp::create(fb, loc, lane, cIdx(fb, lanesPerGroup));
+    Value warpsPerGrid =
+        arith::MulIOp::create(fb, loc, gdim, cIdx(fb, blockSize / kWarpSize));
+    stride =
+        arith::MulIOp::create(fb, loc, warpsPerGrid, cIdx(fb, groupsPerWarp));
+    Value beginIdx = arith::IndexCastOp::create(fb, loc, idx, groupBegin);
+    endIdx = arith::IndexCastOp::create(fb, loc, idx, groupEnd);
+    ntIdx = arith::IndexCastOp::create(fb, loc, idx, ntensors);
+    start = arith::AddIOp::create(
+        fb, loc, beginIdx,
+        arith::MulIOp::create(fb, loc, warp, cIdx(fb, groupsPerWarp)));
+    isLeader = arith::CmpIOp::create(fb, loc, arith::CmpIPredicate::eq,
+                                     laneInGroup, cIdx(fb, 0));
+  }
+
+  /// The prologue values the group body uses (hyper-parameters, per-step
+  /// scalars), when they are carried (carryPrologue): computed once per
+  /// table record and lane, not once per group. With carried prologue
+  /// values, the record-uniform part of the dither (docs/NUMERICS.md §8),
+  /// element offset * A + H(step), is carried too: computed once per
+  /// record, it leaves one multiply-add per worker in place of the offset's
+  /// load and the step's hash.
+  void chooseCarried() {
+    carry = carryPrologue(kernel);
+    if (carry && usesElementOffset(kernel)) {
+      carryDither = true;
+      getGroupBody(kernel).walk([&](DitherOp d) {
+        if (ditherStep && ditherStep != d.getStep())
+          carryDither = false;
+        ditherStep = d.getStep();
+      });
+    }
+    if (carry) {
+      GroupBodyOp body = getGroupBody(kernel);
+      llvm::SetVector<Value> used;
+      body.walk([&](Operation *op) {
+        for (Value v : op->getOperands())
+          if (!body->isAncestor(v.getParentRegion()->getParentOp()) &&
+              !matchPattern(v, m_Constant()) &&
+              !(carryDither && isa<DitherOp>(op)))
+            used.insert(v);
+      });
+      prologueValues.assign(used.begin(), used.end());
+    }
+  }
+
+  /// The f32 hyper table of a record's parameter group.
+  Value hyperBaseOf(OpBuilder &ob, Value rec) {
     Value slot =
         loadI64(ob, loc, table,
                 arith::AddIOp::create(
@@ -243,87 +278,94 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
     Value slotOffset =
         arith::MulIOp::create(ob, loc, slot, cI64(ob, numHypers * 4));
     return arith::AddIOp::create(ob, loc, hypers, slotOffset);
-  };
-  // Warp-uniform grid-stride loop over the first group of each warp. It
-  // carries the last record a lane looked up — its group range [lo, hi), its
-  // word offset and element count — and (carryPrologue) that record's prologue
-  // values: a lane searches the table and recomputes the prologue only when its
-  // group leaves that range (once per tensor and lane in a large tensor; the
-  // branch diverges, and holds no cross-lane operation).
-  // Index-typed (32-bit on the GPU, docs/ARCHITECTURE.md "Index width"):
-  // the carried record costs four registers.
-  Value zero = cIdx(fb, 0);
-  SmallVector<Value> init;
-  if (carry) {
-    init = {zero, zero, zero, zero};
-    for (Value v : prologueValues)
-      init.push_back(arith::ConstantOp::create(fb, loc, v.getType(),
-                                               fb.getZeroAttr(v.getType())));
-    if (carryDither)
-      init.push_back(arith::ConstantOp::create(fb, loc, fb.getI32Type(),
-                                               fb.getI32IntegerAttr(0)));
   }
-  auto loop = scf::ForOp::create(fb, loc, start, endIdx, stride, init);
-  OpBuilder lb = OpBuilder::atBlockBegin(loop.getBody());
-  Value g = arith::AddIOp::create(lb, loc, loop.getInductionVar(), segment);
-  Value active =
-      arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::ult, g, endIdx);
-  Value lastGroup = arith::SubIOp::create(lb, loc, endIdx, cIdx(lb, 1));
-  Value gc = arith::SelectOp::create(lb, loc, active, g, lastGroup);
-  Value gc64 = arith::IndexCastOp::create(lb, loc, i64, gc);
-  // Without carried values the lookup runs every iteration (the condition
-  // is a constant and the canonicalizer removes the branch).
-  SmallVector<Value> carried(loop.getRegionIterArgs().begin(),
-                             loop.getRegionIterArgs().end());
-  Value miss;
-  if (carry) {
-    Value below = arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::slt, gc,
-                                        carried[0]);
-    Value beyond = arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::sge, gc,
-                                         carried[1]);
-    miss = arith::OrIOp::create(lb, loc, below, beyond);
-  } else {
-    miss = arith::ConstantOp::create(lb, loc, lb.getBoolAttr(true));
-    carried.assign(4, cIdx(lb, 0));
-  }
-  SmallVector<Type> carriedTypes =
-      llvm::to_vector(ValueRange(carried).getTypes());
-  auto lookup = scf::IfOp::create(lb, loc, carriedTypes, miss,
-                                  /*addThenBlock=*/true, /*addElseBlock=*/true);
-  {
+
+  /// Warp-uniform grid-stride loop over the first group of each warp. It
+  /// carries the last record a lane looked up — its group range [lo, hi),
+  /// its word offset and element count — and (carryPrologue) that record's
+  /// prologue values: a lane searches the table and recomputes the prologue
+  /// only when its group leaves that range (once per tensor and lane in a
+  /// large tensor; the branch diverges, and holds no cross-lane operation).
+  /// Index-typed (32-bit on the GPU, docs/ARCHITECTURE.md "Index width"):
+  /// the carried record costs four registers. Ends with the scf.if whose
+  /// then-block lookupRecord fills.
+  void beginGridStrideLoop() {
+    Value zero = cIdx(fb, 0);
+    SmallVector<Value> init;
+    if (carry) {
+      init = {zero, zero, zero, zero};
+      for (Value v : prologueValues)
+        init.push_back(arith::ConstantOp::create(fb, loc, v.getType(),
+                                                 fb.getZeroAttr(v.getType())));
+      if (carryDither)
+        init.push_back(arith::ConstantOp::create(fb, loc, fb.getI32Type(),
+                                                 fb.getI32IntegerAttr(0)));
+    }
+    loop = scf::ForOp::create(fb, loc, start, endIdx, stride, init);
+    lb = OpBuilder::atBlockBegin(loop.getBody());
+    Value g = arith::AddIOp::create(lb, loc, loop.getInductionVar(), segment);
+    active =
+        arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::ult, g, endIdx);
+    Value lastGroup = arith::SubIOp::create(lb, loc, endIdx, cIdx(lb, 1));
+    gc = arith::SelectOp::create(lb, loc, active, g, lastGroup);
+    gc64 = arith::IndexCastOp::create(lb, loc, lb.getI64Type(), gc);
+    // Without carried values the lookup runs every iteration (the condition
+    // is a constant and the canonicalizer removes the branch).
+    SmallVector<Value> carried(loop.getRegionIterArgs().begin(),
+                               loop.getRegionIterArgs().end());
+    Value miss;
+    if (carry) {
+      Value below = arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::slt,
+                                          gc, carried[0]);
+      Value beyond = arith::CmpIOp::create(lb, loc, arith::CmpIPredicate::sge,
+                                           gc, carried[1]);
+      miss = arith::OrIOp::create(lb, loc, below, beyond);
+    } else {
+      miss = arith::ConstantOp::create(lb, loc, lb.getBoolAttr(true));
+      carried.assign(4, cIdx(lb, 0));
+    }
+    SmallVector<Type> carriedTypes =
+        llvm::to_vector(ValueRange(carried).getTypes());
+    lookup = scf::IfOp::create(lb, loc, carriedTypes, miss,
+                               /*addThenBlock=*/true, /*addElseBlock=*/true);
     OpBuilder eb = OpBuilder::atBlockBegin(lookup.elseBlock());
     scf::YieldOp::create(eb, loc, carried);
   }
-  OpBuilder tb = OpBuilder::atBlockBegin(lookup.thenBlock());
 
-  // Binary search: the last tensor whose first group is <= gc.
-  auto firstGroupOf = [&](OpBuilder &ob, Value t) {
-    Value w = arith::AddIOp::create(
-        ob, loc, arith::MulIOp::create(ob, loc, t, cIdx(ob, recordWords)),
-        cIdx(ob, 1));
-    return loadI64(ob, loc, table, w);
-  };
-  Value hi0 = arith::SubIOp::create(tb, loc, ntIdx, cIdx(tb, 1));
-  auto search = scf::WhileOp::create(
-      tb, loc, TypeRange{idx, idx}, ValueRange{cIdx(tb, 0), hi0},
-      [&](OpBuilder &ob, Location l, ValueRange args) {
-        Value more = arith::CmpIOp::create(ob, l, arith::CmpIPredicate::ult,
-                                           args[0], args[1]);
-        scf::ConditionOp::create(ob, l, more, args);
-      },
-      [&](OpBuilder &ob, Location l, ValueRange args) {
-        Value sum = arith::AddIOp::create(ob, l, args[0], args[1]);
-        Value mid = arith::DivUIOp::create(
-            ob, l, arith::AddIOp::create(ob, l, sum, cIdx(ob, 1)), cIdx(ob, 2));
-        Value first = firstGroupOf(ob, mid);
-        Value le = arith::CmpIOp::create(ob, l, arith::CmpIPredicate::sle,
-                                         first, gc64);
-        Value lo = arith::SelectOp::create(ob, l, le, mid, args[0]);
-        Value hi = arith::SelectOp::create(
-            ob, l, le, args[1], arith::SubIOp::create(ob, l, mid, cIdx(ob, 1)));
-        scf::YieldOp::create(ob, l, ValueRange{lo, hi});
-      });
-  {
+  /// The lookup's then-block: a binary search for the last tensor whose
+  /// first group is <= gc, then that record's group range, words, element
+  /// count, carried prologue values and dither base.
+  void lookupRecord() {
+    OpBuilder tb = OpBuilder::atBlockBegin(lookup.thenBlock());
+    Type idx = tb.getIndexType();
+    auto firstGroupOf = [&](OpBuilder &ob, Value t) {
+      Value w = arith::AddIOp::create(
+          ob, loc, arith::MulIOp::create(ob, loc, t, cIdx(ob, recordWords)),
+          cIdx(ob, 1));
+      return loadI64(ob, loc, table, w);
+    };
+    Value hi0 = arith::SubIOp::create(tb, loc, ntIdx, cIdx(tb, 1));
+    auto search = scf::WhileOp::create(
+        tb, loc, TypeRange{idx, idx}, ValueRange{cIdx(tb, 0), hi0},
+        [&](OpBuilder &ob, Location l, ValueRange args) {
+          Value more = arith::CmpIOp::create(ob, l, arith::CmpIPredicate::ult,
+                                             args[0], args[1]);
+          scf::ConditionOp::create(ob, l, more, args);
+        },
+        [&](OpBuilder &ob, Location l, ValueRange args) {
+          Value sum = arith::AddIOp::create(ob, l, args[0], args[1]);
+          Value mid = arith::DivUIOp::create(
+              ob, l, arith::AddIOp::create(ob, l, sum, cIdx(ob, 1)),
+              cIdx(ob, 2));
+          Value first = firstGroupOf(ob, mid);
+          Value le = arith::CmpIOp::create(ob, l, arith::CmpIPredicate::sle,
+                                           first, gc64);
+          Value lo = arith::SelectOp::create(ob, l, le, mid, args[0]);
+          Value hi = arith::SelectOp::create(
+              ob, l, le, args[1],
+              arith::SubIOp::create(ob, l, mid, cIdx(ob, 1)));
+          scf::YieldOp::create(ob, l, ValueRange{lo, hi});
+        });
     Value t = search.getResult(0);
     Value rec = arith::MulIOp::create(tb, loc, t, cIdx(tb, recordWords));
     auto word = [&](int64_t w) {
@@ -364,71 +406,94 @@ LogicalResult lowerKernel(KernelOp kernel, int64_t blockSize,
     }
     scf::YieldOp::create(tb, loc, results);
   }
-  Value first = lookup.getResult(0);
-  Value rec = lookup.getResult(2);
-  Value numel = lookup.getResult(3);
-  IRMapping mapping;
-  for (auto [i, v] : llvm::enumerate(prologueValues))
-    mapping.map(v, lookup.getResult(4 + i));
-  if (!carry)
-    emitPrologue(lb, kernel, hyperBaseOf(lb, rec), step, mapping);
-  // Prologue constants the body uses: rematerialized, not carried.
-  getGroupBody(kernel).walk([&](Operation *op) {
-    for (Value v : op->getOperands())
-      if (!mapping.contains(v) && matchPattern(v, m_Constant()) &&
-          !getGroupBody(kernel)->isAncestor(v.getDefiningOp()))
-        lb.clone(*v.getDefiningOp(), mapping);
-  });
 
-  GroupBodyEnv env;
-  env.width = width;
-  env.maxAlignment = 16;
-  env.predication = Predication::PerAccess;
-  env.active = active;
-  env.isGroupLeader = isLeader;
-  env.baseAddress = [=](OpBuilder &ob, Location l, int64_t buffer) -> Value {
-    Value w = arith::AddIOp::create(
-        ob, l, rec,
-        arith::ConstantIndexOp::create(ob, l, kTableHeaderWords + buffer));
-    return loadI64(ob, l, table, w);
-  };
-  env.numElements = numel;
-  if (carryDither) {
-    env.ditherBase = lookup.getResults().back();
-    env.ditherStep = ditherStep;
-  } else if (usesElementOffset(kernel))
-    env.elementOffset = loadI64(
-        lb, loc, table,
-        arith::AddIOp::create(
-            lb, loc, rec,
-            cIdx(lb, ::flashopt::abi::kRecordElementOffset)));
-  env.groupIndex = arith::SubIOp::create(lb, loc, gc, first);
-  env.elementIndex = arith::AddIOp::create(
-      lb, loc,
-      arith::MulIOp::create(lb, loc, env.groupIndex, cIdx(lb, groupSize)),
-      arith::MulIOp::create(lb, loc, laneInGroup, cIdx(lb, width)));
-  env.combineAcrossWorkers = [lanesPerGroup](OpBuilder &ob, Location l,
-                                             Value v) {
-    for (int64_t offset = lanesPerGroup / 2; offset >= 1; offset /= 2) {
-      auto shfl = gpu::ShuffleOp::create(
-          ob, l, v, int32_t(offset), int32_t(kWarpSize), gpu::ShuffleMode::XOR);
-      Value other = shfl.getShuffleResult();
-      v = v.getType().isInteger(32)
-              ? arith::MaxUIOp::create(ob, l, v, other).getResult()
-              : arith::MaximumFOp::create(ob, l, v, other).getResult();
-    }
-    return v;
-  };
-  if (failed(emitGroupBody(lb, kernel, env, mapping)))
-    return failure();
-  if (carry)
-    scf::YieldOp::create(lb, loc, lookup.getResults());
+  /// The loop body after the lookup: the prologue (when not carried) and
+  /// its constants, then the group body for this lane's `width` elements
+  /// (GroupBodyLowering), the absmax a butterfly over the group's lanes.
+  LogicalResult emitBody() {
+    Value first = lookup.getResult(0);
+    Value rec = lookup.getResult(2);
+    Value numel = lookup.getResult(3);
+    IRMapping mapping;
+    for (auto [i, v] : llvm::enumerate(prologueValues))
+      mapping.map(v, lookup.getResult(4 + i));
+    if (!carry)
+      emitPrologue(lb, kernel, hyperBaseOf(lb, rec), step, mapping);
+    // Prologue constants the body uses: rematerialized, not carried.
+    getGroupBody(kernel).walk([&](Operation *op) {
+      for (Value v : op->getOperands())
+        if (!mapping.contains(v) && matchPattern(v, m_Constant()) &&
+            !getGroupBody(kernel)->isAncestor(v.getDefiningOp()))
+          lb.clone(*v.getDefiningOp(), mapping);
+    });
 
-  OpBuilder rb = OpBuilder::atBlockEnd(&entry);
-  gpu::ReturnOp::create(rb, loc);
-  kernel.erase();
-  return success();
-}
+    GroupBodyEnv env;
+    env.width = width;
+    env.maxAlignment = 16;
+    env.predication = Predication::PerAccess;
+    env.active = active;
+    env.isGroupLeader = isLeader;
+    Value tableArg = table;
+    env.baseAddress = [=](OpBuilder &ob, Location l, int64_t buffer) -> Value {
+      Value w = arith::AddIOp::create(
+          ob, l, rec,
+          arith::ConstantIndexOp::create(ob, l, kTableHeaderWords + buffer));
+      return loadI64(ob, l, tableArg, w);
+    };
+    env.numElements = numel;
+    if (carryDither) {
+      env.ditherBase = lookup.getResults().back();
+      env.ditherStep = ditherStep;
+    } else if (usesElementOffset(kernel))
+      env.elementOffset = loadI64(
+          lb, loc, table,
+          arith::AddIOp::create(
+              lb, loc, rec, cIdx(lb, ::flashopt::abi::kRecordElementOffset)));
+    env.groupIndex = arith::SubIOp::create(lb, loc, gc, first);
+    env.elementIndex = arith::AddIOp::create(
+        lb, loc,
+        arith::MulIOp::create(lb, loc, env.groupIndex, cIdx(lb, groupSize)),
+        arith::MulIOp::create(lb, loc, laneInGroup, cIdx(lb, width)));
+    int64_t lanes = lanesPerGroup;
+    env.combineAcrossWorkers = [lanes](OpBuilder &ob, Location l, Value v) {
+      for (int64_t offset = lanes / 2; offset >= 1; offset /= 2) {
+        auto shfl =
+            gpu::ShuffleOp::create(ob, l, v, int32_t(offset),
+                                   int32_t(kWarpSize), gpu::ShuffleMode::XOR);
+        Value other = shfl.getShuffleResult();
+        v = v.getType().isInteger(32)
+                ? arith::MaxUIOp::create(ob, l, v, other).getResult()
+                : arith::MaximumFOp::create(ob, l, v, other).getResult();
+      }
+      return v;
+    };
+    if (failed(emitGroupBody(lb, kernel, env, mapping)))
+      return failure();
+    if (carry)
+      scf::YieldOp::create(lb, loc, lookup.getResults());
+    return success();
+  }
+
+  KernelOp kernel;
+  Location loc;
+  int64_t blockSize, maxRegisters, groupSize, width, lanesPerGroup,
+      groupsPerWarp, recordWords, numHypers;
+  // createFunction
+  Block *entry = nullptr;
+  OpBuilder fb{kernel.getContext()}; ///< the function's entry block
+  Value table, ntensors, hypers, step, groupBegin, groupEnd;
+  // threadCoordinates
+  Value segment, laneInGroup, stride, endIdx, ntIdx, start, isLeader;
+  // chooseCarried
+  bool carry = false, carryDither = false;
+  Value ditherStep;
+  SmallVector<Value> prologueValues;
+  // beginGridStrideLoop
+  scf::ForOp loop;
+  OpBuilder lb{kernel.getContext()}; ///< the loop body
+  Value active, gc, gc64;
+  scf::IfOp lookup;
+};
 
 } // namespace
 
@@ -490,8 +555,9 @@ struct FlashOptToGPUPass
         c.bytes = bytesPerThread;
       else
         c = chooseLanes(k, heavyBudget, wideRegisters > 0 ? wideBudget : 0);
-      if (failed(
-              lowerKernel(k, blockSize, c.bytes, c.wide ? wideRegisters : 0)))
+      if (failed(GpuKernelLowering(k, blockSize, c.bytes,
+                                   c.wide ? wideRegisters : 0)
+                         .run()))
         return signalPassFailure();
     }
   }
