@@ -155,6 +155,13 @@ llvm::Error driver::detail::makeError(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
 }
 
+KernelKind driver::detail::dialectKernelKind(abi::KernelKind kind) {
+  std::optional<KernelKind> k =
+      symbolizeKernelKind(abi::kernel_kind_name(kind));
+  assert(k && "the dialect's kernel kinds are the kernel ABI's");
+  return *k;
+}
+
 OwningOpRef<ModuleOp> driver::detail::cloneModule(const CompileJob &job) {
   return OwningOpRef<ModuleOp>(cast<ModuleOp>(job.module.get()->clone()));
 }
@@ -184,8 +191,10 @@ llvm::Error driver::detail::writeFile(const std::string &path,
 llvm::Expected<OwningOpRef<ModuleOp>>
 driver::detail::expandEncodings(const CompileJob &job) {
   OwningOpRef<ModuleOp> module = cloneModule(job);
-  if (failed(runPasses(*module, [](OpPassManager &pm) {
-        pm.addPass(createFlashOptExpandEncodings());
+  FlashOptExpandEncodingsOptions expand;
+  expand.kernelKind = dialectKernelKind(job.kernelKind);
+  if (failed(runPasses(*module, [&](OpPassManager &pm) {
+        pm.addPass(createFlashOptExpandEncodings(expand));
       })))
     return makeError("expanding " + job.getName() + " failed");
   return module;
@@ -199,8 +208,9 @@ driver::detail::lowerToHostLLVM(const CompileJob &job,
   bool fma = cpuHasFMA(cpu);
   int64_t interleave = cpuInterleave(cpu);
   int64_t x86Bits = cpuX86VectorBits(cpu);
-  if (failed(runPasses(*module, [fma, interleave, x86Bits](OpPassManager &pm) {
-        buildCPUPipeline(pm, fma, interleave, x86Bits);
+  KernelKind kind = dialectKernelKind(job.kernelKind);
+  if (failed(runPasses(*module, [&](OpPassManager &pm) {
+        buildCPUPipeline(pm, fma, interleave, x86Bits, kind);
       })))
     return makeError(failureMessage);
   return module;
@@ -253,10 +263,7 @@ CompileJob driver::jobForKernel(const CompileJob &job, abi::KernelKind kind) {
   CompileJob out;
   out.module = cloneModule(job);
   out.optimizer = *out.module->getOps<OptimizerOp>().begin();
-  if (kind != abi::KernelKind::Step)
-    out.optimizer->setAttr(
-        "flashopt.kernel_kind",
-        StringAttr::get(out.module->getContext(), abi::kernel_kind_name(kind)));
+  out.kernelKind = kind;
   out.specPath = job.specPath;
   out.specHash = job.specHash;
   out.rule = job.rule;
@@ -308,6 +315,7 @@ llvm::Expected<std::string> driver::emitPTXText(const CompileJob &job,
   gpu.tritonCompat = options.tritonCompat;
   gpu.bytesPerThread = options.gpuBytesPerThread;
   gpu.maxRegisters = options.gpuMaxRegisters;
+  gpu.kernelKind = dialectKernelKind(job.kernelKind);
   if (failed(runPasses(*module,
                        [&](OpPassManager &pm) { buildGPUPipeline(pm, gpu); })))
     return makeError("lowering " + job.getName() + " for " + chip + " failed");

@@ -179,8 +179,10 @@ llvm::Expected<int> gpuKernelElementsPerThread(const CompileJob &job,
                                                llvm::StringRef chip,
                                                const DriverOptions &options) {
   OwningOpRef<ModuleOp> module = cloneModule(job);
-  if (failed(runPasses(
-          *module, [](OpPassManager &pm) { buildGPUPreLoweringPipeline(pm); })))
+  KernelKind kind = dialectKernelKind(job.kernelKind);
+  if (failed(runPasses(*module, [kind](OpPassManager &pm) {
+        buildGPUPreLoweringPipeline(pm, kind);
+      })))
     return makeError("preparing " + job.getName() + " for the GPU failed");
   return int(gpuElementsPerThread(*(*module).getOps<KernelOp>().begin(),
                                   options.gpuBytesPerThread,
@@ -251,10 +253,8 @@ llvm::Expected<abi::Manifest> driver::describeBundle(const CompileJob &job,
   if (master.hasCorrection())
     m.correction = *storageDType(master.getCorrection());
   m.grad = *storageDType(optimizer.getGrad());
-  if (auto a = optimizer->getAttrOfType<StringAttr>("flashopt.arithmetic"))
-    m.arithmetic = a.getValue().str();
-  m.numerics =
-      getNumerics(optimizer) == Numerics::FlashOptim ? "flashoptim" : "bounded";
+  m.arithmetic = stringifyArithmetic(optimizer.getArithmetic()).str();
+  m.numerics = stringifyNumerics(optimizer.getNumerics()).str();
   if (MasterAttr acc = optimizer.getAccumulateAttr()) {
     abi::AccumulatorSpec a;
     a.dtype = *storageDType(acc.getParamType());

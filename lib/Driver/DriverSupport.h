@@ -23,6 +23,9 @@ namespace flashopt::driver::detail {
 /// An error with `message` and no error code.
 llvm::Error makeError(const llvm::Twine &message);
 
+/// The dialect's kernel kind of the kernel ABI's `kind` (the same names).
+mlir::flashopt::KernelKind dialectKernelKind(abi::KernelKind kind);
+
 /// A copy of `job`'s module.
 mlir::OwningOpRef<mlir::ModuleOp> cloneModule(const CompileJob &job);
 
@@ -34,7 +37,7 @@ runPasses(mlir::ModuleOp module,
 /// Writes `data` to the file `path` (replacing it).
 llvm::Error writeFile(const std::string &path, llvm::StringRef data);
 
-/// Expands the encodings of a copy of `job`.
+/// Expands the encodings of a copy of `job` (its kernelKind's kernel).
 llvm::Expected<mlir::OwningOpRef<mlir::ModuleOp>>
 expandEncodings(const CompileJob &job);
 

@@ -148,12 +148,14 @@ void applySpec(const spec::Spec &s, OptimizerOp op, Reporter &rep) {
   op.setParamAttr(MasterAttr::get(ctx, paramType, correction));
   op.setGrad(dtypeType(ctx, s.grad.value));
   // The portable fast mode (flashopt-fast-arithmetic, docs/NUMERICS.md §7).
-  if (s.arithmetic.value == spec::Arithmetic::Fast)
-    op->setAttr("flashopt.arithmetic", StringAttr::get(ctx, "fast"));
-  // The state numerics (docs/NUMERICS.md §8), always written: the rule text
-  // alone means the bounded numerics too.
-  op->setAttr(kNumericsAttr,
-              StringAttr::get(ctx, spec::spelling(s.numerics.value)));
+  op.setArithmetic(s.arithmetic.value == spec::Arithmetic::Fast
+                       ? ::mlir::flashopt::Arithmetic::Fast
+                       : ::mlir::flashopt::Arithmetic::Exact);
+  // The state numerics (docs/NUMERICS.md §8); the rule text alone means the
+  // bounded numerics too.
+  op.setNumerics(s.numerics.value == spec::NumericsMode::FlashOptim
+                     ? ::mlir::flashopt::Numerics::FlashOptim
+                     : ::mlir::flashopt::Numerics::Bounded);
   switch (s.accumulator.value) {
   case spec::Accumulator::None:
     break;

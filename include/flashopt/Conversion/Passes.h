@@ -13,6 +13,8 @@
 #ifndef FLASHOPT_CONVERSION_PASSES_H
 #define FLASHOPT_CONVERSION_PASSES_H
 
+#include "flashopt/Dialect/FlashOpt/IR/FlashOptDialect.h"
+
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassOptions.h"
@@ -53,9 +55,11 @@ namespace mlir::flashopt {
 /// flashopt-exact-int-division runs (x86-64-v3: yes; baseline x86-64: no).
 /// `interleave`: full groups per loop iteration (flashopt-to-cpu{interleave}).
 /// `x86VectorBits`: the x86 vector width (512, 256, 128; 0 not x86), for
-/// flashopt-convert-to-llvm{x86-vector-bits}.
+/// flashopt-convert-to-llvm{x86-vector-bits}. `kind`: which kernel of each
+/// optimizer (flashopt-expand-encodings{kernel-kind}).
 void buildCPUPipeline(OpPassManager &pm, bool fma = true,
-                      int64_t interleave = 1, int64_t x86VectorBits = 0);
+                      int64_t interleave = 1, int64_t x86VectorBits = 0,
+                      KernelKind kind = KernelKind::Step);
 
 /// Adds the part of the CPU pipeline after flashopt-to-cpu: cleanup,
 /// scf → cf, bf16 expansion, flashopt-convert-to-llvm.
@@ -72,6 +76,8 @@ struct GPUPipelineOptions {
   int64_t maxRegisters = 0;
   bool ftz = false;
   bool tritonCompat = false;
+  /// Which kernel of each optimizer (flashopt-expand-encodings{kernel-kind}).
+  KernelKind kernelKind = KernelKind::Step;
 };
 
 /// Adds the flashopt-level rewrites that precede flashopt-to-gpu in
@@ -79,7 +85,8 @@ struct GPUPipelineOptions {
 /// and group divisions). flashopt-to-gpu chooses the elements per thread from
 /// the divisions and square roots left after them, so whoever predicts that
 /// choice (gpuElementsPerThread, the manifest) runs these first.
-void buildGPUPreLoweringPipeline(OpPassManager &pm);
+void buildGPUPreLoweringPipeline(OpPassManager &pm,
+                                 KernelKind kind = KernelKind::Step);
 
 /// Adds flashopt-gpu-pipeline: flashopt.optimizer → gpu.module with NVVM
 /// target attached, lowered to the LLVM/NVVM dialects (ready for

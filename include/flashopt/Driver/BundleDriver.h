@@ -90,6 +90,9 @@ struct CompileJob {
   std::string description;
   /// The targets the input lists (["cpu"] for dialect files).
   std::vector<std::string> targets;
+  /// Which of the optimizer's kernels the pipelines make
+  /// (flashopt-expand-encodings{kernel-kind}).
+  abi::KernelKind kernelKind = abi::KernelKind::Step;
 
   /// The optimizer's name (the kernel symbol and bundle directory name).
   llvm::StringRef getName() const {
@@ -101,9 +104,8 @@ struct CompileJob {
 /// accumulate, step_accumulated and step_fused kernels too.
 std::vector<abi::KernelKind> kernelKinds(const CompileJob &job);
 
-/// A copy of `job` whose expansion makes the `kind` kernel (its optimizer
-/// carries `flashopt.kernel_kind`; the kernel symbol is the optimizer's name
-/// plus abi::kernel_kind_suffix).
+/// A copy of `job` whose pipelines make the `kind` kernel (its kernelKind;
+/// the kernel symbol is the optimizer's name plus abi::kernel_kind_suffix).
 CompileJob jobForKernel(const CompileJob &job, abi::KernelKind kind);
 
 /// A failure whose diagnostics were already written (to the diagnostics

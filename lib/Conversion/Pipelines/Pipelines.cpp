@@ -23,11 +23,15 @@
 #include "mlir/Transforms/Passes.h"
 
 using namespace mlir;
+using mlir::flashopt::KernelKind;
 
 void mlir::flashopt::buildCPUPipeline(OpPassManager &pm, bool fma,
                                       int64_t interleave,
-                                      int64_t x86VectorBits) {
-  pm.addPass(createFlashOptExpandEncodings());
+                                      int64_t x86VectorBits,
+                                      KernelKind kind) {
+  FlashOptExpandEncodingsOptions expand;
+  expand.kernelKind = kind;
+  pm.addPass(createFlashOptExpandEncodings(expand));
   // Fast kernels (docs/NUMERICS.md §7) on every flavour: the FMAs are part of
   // their arithmetic (a baseline x86-64 kernel calls fmaf).
   pm.addPass(createFlashOptFastArithmetic());
@@ -67,8 +71,11 @@ void mlir::flashopt::buildCPULLVMPipeline(OpPassManager &pm,
   pm.addPass(createReconcileUnrealizedCastsPass());
 }
 
-void mlir::flashopt::buildGPUPreLoweringPipeline(OpPassManager &pm) {
-  pm.addPass(createFlashOptExpandEncodings());
+void mlir::flashopt::buildGPUPreLoweringPipeline(OpPassManager &pm,
+                                                 KernelKind kind) {
+  FlashOptExpandEncodingsOptions expand;
+  expand.kernelKind = kind;
+  pm.addPass(createFlashOptExpandEncodings(expand));
   pm.addPass(createFlashOptFastArithmetic());
   // Decodes that divide or take a root as a 256-entry table read (an address
   // and one cached load against ~12 SASS per division).
@@ -88,7 +95,7 @@ void mlir::flashopt::buildGPUPreLoweringPipeline(OpPassManager &pm) {
 
 void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
                                       const GPUPipelineOptions &options) {
-  buildGPUPreLoweringPipeline(pm);
+  buildGPUPreLoweringPipeline(pm, options.kernelKind);
   FlashOptToGPUOptions toGPU;
   toGPU.bytesPerThread = options.bytesPerThread;
   toGPU.heavyBudget = gpuHeavyBudget(options.chip);
@@ -115,6 +122,18 @@ void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
 }
 
 namespace {
+/// The values of the pipelines' kernel-kind option
+/// (flashopt-expand-encodings{kernel-kind}).
+llvm::cl::ValuesClass kernelKindValues() {
+  return llvm::cl::values(
+      clEnumValN(KernelKind::Step, "step", "the step kernel"),
+      clEnumValN(KernelKind::Accumulate, "accumulate", "the accumulate kernel"),
+      clEnumValN(KernelKind::StepAccumulated, "step_accumulated",
+                 "the step on the accumulated gradient"),
+      clEnumValN(KernelKind::StepFused, "step_fused",
+                 "the fused last micro-batch and step"));
+}
+
 struct GPUPipelineCLOptions : public PassPipelineOptions<GPUPipelineCLOptions> {
   PassOptions::Option<std::string> chip{
       *this, "chip", llvm::cl::desc("NVIDIA chip (sm_80, sm_90, sm_100)"),
@@ -126,6 +145,10 @@ struct GPUPipelineCLOptions : public PassPipelineOptions<GPUPipelineCLOptions> {
       *this, "triton-compat",
       llvm::cl::desc("Triton-compatible approximate arithmetic"),
       llvm::cl::init(false)};
+  PassOptions::Option<KernelKind> kernelKind{
+      *this, "kernel-kind",
+      llvm::cl::desc("Which kernel of each optimizer to make"),
+      llvm::cl::init(KernelKind::Step), kernelKindValues()};
 };
 struct CPUPipelineCLOptions : public PassPipelineOptions<CPUPipelineCLOptions> {
   PassOptions::Option<bool> fma{
@@ -144,6 +167,10 @@ struct CPUPipelineCLOptions : public PassPipelineOptions<CPUPipelineCLOptions> {
                      "(flashopt-convert-to-llvm; flashopt-gen: from the "
                      "flavour's features)"),
       llvm::cl::init(0)};
+  PassOptions::Option<KernelKind> kernelKind{
+      *this, "kernel-kind",
+      llvm::cl::desc("Which kernel of each optimizer to make"),
+      llvm::cl::init(KernelKind::Step), kernelKindValues()};
 };
 } // namespace
 
@@ -157,6 +184,7 @@ void mlir::flashopt::registerFlashOptPipelines() {
         options.chip = cl.chip;
         options.ftz = cl.ftz;
         options.tritonCompat = cl.tritonCompat;
+        options.kernelKind = cl.kernelKind;
         buildGPUPipeline(pm, options);
       });
   PassPipelineRegistration<CPUPipelineCLOptions>(
@@ -164,6 +192,7 @@ void mlir::flashopt::registerFlashOptPipelines() {
       "Lower flashopt optimizers to LLVM dialect host kernels (what "
       "flashopt-gen --target=cpu runs before LLVM code generation)",
       [](OpPassManager &pm, const CPUPipelineCLOptions &cl) {
-        buildCPUPipeline(pm, cl.fma, cl.interleave, cl.x86VectorBits);
+        buildCPUPipeline(pm, cl.fma, cl.interleave, cl.x86VectorBits,
+                         cl.kernelKind);
       });
 }

@@ -67,10 +67,58 @@ func.func @f() {
 
 // -----
 
-// expected-error @+1 {{'flashopt.numerics' must be "bounded" or "flashoptim", got "fast"}}
-flashopt.optimizer @a param(#flashopt.master<f32>) grad(f32) attributes {flashopt.numerics = "fast"} {
+// The modes are typed attributes, checked when parsed.
+// expected-error @+2 {{expected ::mlir::flashopt::Numerics to be one of: bounded, flashoptim}}
+// expected-error @+1 {{failed to parse FlashOpt_NumericsAttr parameter 'value'}}
+flashopt.optimizer @a param(#flashopt.master<f32>) grad(f32) numerics<fast> {
   flashopt.update(%theta: f32, %g: f32) {
     flashopt.yield %theta : f32
+  }
+}
+
+// -----
+
+// expected-error @+1 {{attribute 'arithmetic' failed to satisfy constraint: the arithmetic of an optimizer or kernel (exact or fast}}
+flashopt.optimizer @a param(#flashopt.master<f32>) grad(f32) attributes {arithmetic = "fast"} {
+  flashopt.update(%theta: f32, %g: f32) {
+    flashopt.yield %theta : f32
+  }
+}
+
+// -----
+
+// The string attributes that once carried the modes are refused, not
+// ignored.
+// expected-error @+1 {{carries the string attribute 'flashopt.numerics', which is no longer read; the mode is written numerics<bounded|flashoptim>}}
+flashopt.optimizer @a param(#flashopt.master<f32>) grad(f32) attributes {flashopt.numerics = "flashoptim"} {
+  flashopt.update(%theta: f32, %g: f32) {
+    flashopt.yield %theta : f32
+  }
+}
+
+// -----
+
+// expected-error @+1 {{carries the string attribute 'flashopt.kernel_kind'}}
+flashopt.optimizer @a param(#flashopt.master<f32>) grad(f32) attributes {flashopt.kernel_kind = "accumulate"} {
+  flashopt.update(%theta: f32, %g: f32) {
+    flashopt.yield %theta : f32
+  }
+}
+
+// -----
+
+// expected-error @+2 {{expected ::mlir::flashopt::KernelKind to be one of: step, accumulate, step_accumulated, step_fused}}
+// expected-error @+1 {{failed to parse FlashOpt_KernelKindAttr parameter 'value'}}
+flashopt.kernel @k kind<fused> group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>]) hypers([]) {
+  flashopt.group_body {
+  }
+}
+
+// -----
+
+// expected-error @+1 {{carries the string attribute 'flashopt.arithmetic', which is no longer read; the mode is written arithmetic<exact|fast>}}
+flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+  flashopt.group_body {
   }
 }
 

@@ -53,10 +53,11 @@ flashopt.optimizer @fp16_i16 param(#flashopt.master<f16, correction = i16>) grad
   }
 }
 
-// The numerics attribute and the bound of the bounded numerics.
+// The modes (typed attributes; the defaults, bounded and exact, are not
+// printed) and the bound of the bounded numerics.
 // CHECK-LABEL: flashopt.optimizer @bounded_update
-// CHECK-SAME: attributes {flashopt.numerics = "flashoptim"}
-flashopt.optimizer @bounded_update param(#flashopt.master<f32>) grad(f32) attributes {flashopt.numerics = "flashoptim"} {
+// CHECK-SAME: grad(f32) numerics<flashoptim> arithmetic<fast> {
+flashopt.optimizer @bounded_update param(#flashopt.master<f32>) grad(f32) numerics<flashoptim> arithmetic<fast> {
   %lim = flashopt.hyper "lim" default(1.000000e-02) : f32
   flashopt.update(%theta: f32, %g: f32) {
     // CHECK: %[[B:.*]] = flashopt.bound %grad, %lim : f32
@@ -66,8 +67,17 @@ flashopt.optimizer @bounded_update param(#flashopt.master<f32>) grad(f32) attrib
   }
 }
 
-// CHECK-LABEL: flashopt.kernel @dithered
-flashopt.kernel @dithered group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>]) hypers([]) {
+// CHECK-LABEL: flashopt.optimizer @defaults
+// CHECK-SAME: grad(f32) {
+flashopt.optimizer @defaults param(#flashopt.master<f32>) grad(f32) numerics<bounded> arithmetic<exact> {
+  flashopt.update(%theta: f32, %g: f32) {
+    flashopt.yield %theta : f32
+  }
+}
+
+// CHECK-LABEL: flashopt.kernel @dithered kind<step_accumulated> group_size(32)
+// CHECK-SAME: hypers([]) arithmetic<fast> {
+flashopt.kernel @dithered kind<step_accumulated> group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>]) hypers([]) arithmetic<fast> {
   %t = flashopt.step_count : i64
   flashopt.group_body {
     // CHECK: flashopt.dither %{{.*}} {offset = 1.000000e+00 : f32} : f32

@@ -76,23 +76,29 @@ UpdateOp mlir::flashopt::getUpdate(OptimizerOp optimizer) {
   return ops.empty() ? UpdateOp() : *ops.begin();
 }
 
-std::optional<Numerics> mlir::flashopt::getNumerics(Operation *op) {
-  Attribute a = op->getDiscardableAttr(kNumericsAttr);
-  if (!a)
-    return Numerics::Bounded;
-  auto s = dyn_cast<StringAttr>(a);
-  if (s && s.getValue() == "bounded")
-    return Numerics::Bounded;
-  if (s && s.getValue() == "flashoptim")
-    return Numerics::FlashOptim;
-  return std::nullopt;
+/// The discardable attributes that once carried the modes, which nothing
+/// reads now: an error that names the spelling that replaced them, rather
+/// than a mode silently ignored.
+static LogicalResult verifyNoStringModes(Operation *op) {
+  static constexpr std::pair<llvm::StringLiteral, llvm::StringLiteral>
+      kReplaced[] = {
+          {"flashopt.numerics", "numerics<bounded|flashoptim>"},
+          {"flashopt.arithmetic", "arithmetic<exact|fast>"},
+          {"flashopt.kernel_kind",
+           "flashopt-expand-encodings{kernel-kind=...} (on a kernel: "
+           "kind<...>)"}};
+  for (auto [name, spelling] : kReplaced)
+    if (op->getDiscardableAttr(name))
+      return op->emitOpError()
+             << "carries the string attribute '" << name
+             << "', which is no longer read; the mode is written "
+             << spelling;
+  return success();
 }
 
 LogicalResult OptimizerOp::verify() {
-  if (!getNumerics(*this))
-    return emitOpError() << "'" << kNumericsAttr
-                         << "' must be \"bounded\" or \"flashoptim\", got "
-                         << (*this)->getDiscardableAttr(kNumericsAttr);
+  if (failed(verifyNoStringModes(*this)))
+    return failure();
   Type grad = getGrad();
   if (!isStorageFloatType(grad))
     return emitOpError() << "gradient type must be bf16, f16 or f32, got "
@@ -420,6 +426,8 @@ int64_t KernelOp::getHyperIndex(StringRef name) {
 }
 
 LogicalResult KernelOp::verify() {
+  if (failed(verifyNoStringModes(*this)))
+    return failure();
   int64_t g = getGroupSize();
   if (g <= 0 || !llvm::isPowerOf2_64(g))
     return emitOpError() << "group size must be a positive power of two, got "

@@ -5,8 +5,8 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// The portable fast mode (docs/NUMERICS.md §7). In every kernel whose
-/// `flashopt.arithmetic` attribute is "fast", first the softsign quotients
+/// The portable fast mode (docs/NUMERICS.md §7). In every kernel with
+/// `arithmetic<fast>` (its typed attribute), first the softsign quotients
 /// become one division each (fuseSoftsign below), and after the square roots
 /// are shared a softsign decode and Adam's update share one reciprocal
 /// (pairQuotients below); then a per-element f32
@@ -55,8 +55,6 @@ using namespace mlir;
 using namespace mlir::flashopt;
 
 namespace {
-
-constexpr llvm::StringLiteral kArithmeticAttr = "flashopt.arithmetic";
 
 /// Which values of a group body are the same for every element of a group
 /// (docs: flashopt.group_body): those defined outside the body, group maxima,
@@ -489,19 +487,9 @@ struct FlashOptFastArithmeticPass
   void runOnOperation() override {
     SmallVector<KernelOp> kernels;
     getOperation().walk([&](KernelOp k) { kernels.push_back(k); });
-    for (KernelOp kernel : kernels) {
-      Attribute a = kernel->getDiscardableAttr(kArithmeticAttr);
-      if (!a)
-        continue;
-      auto s = dyn_cast<StringAttr>(a);
-      if (!s || (s.getValue() != "fast" && s.getValue() != "exact")) {
-        kernel.emitOpError() << "'" << kArithmeticAttr
-                             << "' must be \"exact\" or \"fast\", got " << a;
-        return signalPassFailure();
-      }
-      if (s.getValue() == "fast")
+    for (KernelOp kernel : kernels)
+      if (kernel.getArithmetic() == Arithmetic::Fast)
         rewriteKernel(kernel);
-    }
   }
 };
 

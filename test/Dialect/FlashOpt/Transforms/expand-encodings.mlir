@@ -134,7 +134,7 @@ flashopt.optimizer @ecc param(#flashopt.master<bf16, correction = i8>) grad(bf16
 // CHECK: arith.fptoui {{.*}} : f32 to i8
 // CHECK: flashopt.store_group 5
 // CHECK: flashopt.store_element 4
-flashopt.optimizer @quant param(#flashopt.master<f32>) grad(f32) attributes {flashopt.numerics = "flashoptim"} {
+flashopt.optimizer @quant param(#flashopt.master<f32>) grad(f32) numerics<flashoptim> {
   flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
   flashopt.state "v" : #flashopt.quant<ui8, group = 32, compand = sqrt, scale = bf16>
   flashopt.update(%theta: f32, %g: f32, %m: f32, %v: f32) {
@@ -313,5 +313,38 @@ flashopt.optimizer @unsigned_linear param(#flashopt.master<f32>) grad(f32) {
   flashopt.update(%theta: f32, %g: f32, %m: f32) {
     %m1 = arith.addf %m, %g : f32
     flashopt.yield %theta, %m1 : f32, f32
+  }
+}
+
+// -----
+
+// A bound the rule yields itself: lowered in the rule before inlining, in
+// both numerics (the clamp in the bounded numerics, the operand itself in
+// FlashOptim's).
+// CHECK-LABEL: flashopt.kernel @yield_bound_clamped
+// CHECK: %[[N:.*]] = arith.negf %[[L:.*]] : f32
+// CHECK: %[[X:.*]] = arith.maximumf %{{.*}}, %[[N]] : f32
+// CHECK: %[[C:.*]] = arith.minimumf %[[X]], %[[L]] : f32
+// CHECK: flashopt.store_element 0, %{{.*}} : f32
+// CHECK-NOT: flashopt.bound
+flashopt.optimizer @yield_bound_clamped param(#flashopt.master<f32>) grad(f32) {
+  %lim = flashopt.hyper "lim" default(1.000000e-02) : f32
+  flashopt.update(%theta: f32, %g: f32) {
+    %b = flashopt.bound %g, %lim : f32
+    flashopt.yield %b : f32
+  }
+}
+
+// -----
+
+// CHECK-LABEL: flashopt.kernel @yield_bound_identity
+// CHECK-NOT: arith.minimumf
+// CHECK-NOT: flashopt.bound
+// CHECK: flashopt.store_element 0
+flashopt.optimizer @yield_bound_identity param(#flashopt.master<f32>) grad(f32) numerics<flashoptim> {
+  %lim = flashopt.hyper "lim" default(1.000000e-02) : f32
+  flashopt.update(%theta: f32, %g: f32) {
+    %b = flashopt.bound %g, %lim : f32
+    flashopt.yield %b : f32
   }
 }

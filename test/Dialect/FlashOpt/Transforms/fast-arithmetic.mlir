@@ -23,7 +23,7 @@
 // CHECK: math.fma %[[D]], %[[RBC]], %[[A]] : f32
 // CHECK-NOT: arith.divf
 // CHECK: flashopt.store_element
-flashopt.kernel @fast group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"d", f32, element, read>]) hypers(["beta"]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @fast group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"d", f32, element, read>]) hypers(["beta"]) arithmetic<fast> {
   %beta = flashopt.hyper "beta" default(9.000000e-01) : f32
   %one = arith.constant 1.000000e+00 : f32
   %bc = arith.subf %one, %beta : f32
@@ -53,7 +53,7 @@ flashopt.kernel @fast group_size(32) buffers([#flashopt.buffer<"x", f32, element
 // CHECK: math.sqrt %[[M]] : f32
 // CHECK: arith.divf %{{.*}}, %[[M]] : f32
 // CHECK: math.fma %{{.*}}, %[[R]], %{{.*}} : f32
-flashopt.kernel @uniform group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @uniform group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>]) hypers([]) arithmetic<fast> {
   flashopt.group_body {
     %x = flashopt.load_element 0 : f32
     %abs = math.absf %x : f32
@@ -73,7 +73,7 @@ flashopt.kernel @uniform group_size(32) buffers([#flashopt.buffer<"x", f32, elem
 // CHECK: arith.divf %{{.*}}, %{{.*}} : f32
 // CHECK: arith.divf %{{.*}}, %{{.*}} : f32
 // CHECK-NOT: arith.mulf
-flashopt.kernel @exact group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"d", f32, element, read>]) hypers([]) attributes {flashopt.arithmetic = "exact"} {
+flashopt.kernel @exact group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"d", f32, element, read>]) hypers([]) arithmetic<exact> {
   flashopt.group_body {
     %x = flashopt.load_element 0 : f32
     %d = flashopt.load_element 1 : f32
@@ -107,7 +107,7 @@ flashopt.kernel @exact group_size(32) buffers([#flashopt.buffer<"x", f32, elemen
 // CHECK: %[[ZBB:.*]] = arith.mulf %[[ZB]], %[[B]] : f32
 // CHECK: %[[NZ:.*]] = arith.negf %[[ZBB]] : f32
 // CHECK: math.fma %[[ZB]], %[[L]], %[[NZ]] : f32
-flashopt.kernel @fold group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"s", f32, group, read>, #flashopt.buffer<"y", f32, element, readwrite>, #flashopt.buffer<"z", f32, element, readwrite>]) hypers(["beta", "lr"]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @fold group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"s", f32, group, read>, #flashopt.buffer<"y", f32, element, readwrite>, #flashopt.buffer<"z", f32, element, readwrite>]) hypers(["beta", "lr"]) arithmetic<fast> {
   %beta = flashopt.hyper "beta" default(9.000000e-01) : f32
   %lr = flashopt.hyper "lr" default(1.000000e-03) : f32
   flashopt.group_body {
@@ -145,7 +145,7 @@ flashopt.kernel @fold group_size(32) buffers([#flashopt.buffer<"x", f32, element
 // CHECK: %[[W:.*]] = flashopt.load_element 1 : f32
 // CHECK: %[[WR:.*]] = arith.mulf %[[W]], %[[R]] : f32
 // CHECK: math.sqrt %[[WR]] : f32
-flashopt.kernel @roots group_size(32) buffers([#flashopt.buffer<"v", f32, element, readwrite>, #flashopt.buffer<"w", f32, element, readwrite>]) hypers(["rbc", "eps"]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @roots group_size(32) buffers([#flashopt.buffer<"v", f32, element, readwrite>, #flashopt.buffer<"w", f32, element, readwrite>]) hypers(["rbc", "eps"]) arithmetic<fast> {
   %rbc = flashopt.hyper "rbc" default(1.000000e+00) : f32
   %eps = flashopt.hyper "eps" default(1.000000e-08) : f32
   flashopt.group_body {
@@ -183,7 +183,7 @@ flashopt.kernel @roots group_size(32) buffers([#flashopt.buffer<"v", f32, elemen
 // CHECK: arith.addf %[[U]], %[[T]] : f32
 // CHECK: %[[G:.*]] = arith.mulf %{{.*}}, %{{.*}} : f32
 // CHECK: arith.addf %[[G]], %{{.*}} : f32
-flashopt.kernel @contract group_size(32) buffers([#flashopt.buffer<"a", f32, element, readwrite>, #flashopt.buffer<"b", f32, element, read>]) hypers(["beta", "gamma"]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @contract group_size(32) buffers([#flashopt.buffer<"a", f32, element, readwrite>, #flashopt.buffer<"b", f32, element, read>]) hypers(["beta", "gamma"]) arithmetic<fast> {
   %beta = flashopt.hyper "beta" default(9.000000e-01) : f32
   %gamma = flashopt.hyper "gamma" default(9.000000e-01) : f32
   flashopt.group_body {
@@ -212,7 +212,7 @@ flashopt.kernel @contract group_size(32) buffers([#flashopt.buffer<"a", f32, ele
 // CHECK: arith.mulf
 // CHECK-NEXT: arith.addf
 // CHECK-NOT: math.fma
-flashopt.kernel @exact_contract group_size(32) buffers([#flashopt.buffer<"a", f32, element, readwrite>]) hypers(["beta"]) attributes {flashopt.arithmetic = "exact"} {
+flashopt.kernel @exact_contract group_size(32) buffers([#flashopt.buffer<"a", f32, element, readwrite>]) hypers(["beta"]) arithmetic<exact> {
   %beta = flashopt.hyper "beta" default(9.000000e-01) : f32
   flashopt.group_body {
     %a = flashopt.load_element 0 : f32
@@ -230,7 +230,7 @@ flashopt.kernel @exact_contract group_size(32) buffers([#flashopt.buffer<"a", f3
 // CHECK: scf.for
 // CHECK: arith.divf %{{.*}}, %{{.*}} : f32
 // CHECK-NOT: arith.mulf
-flashopt.kernel @region group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @region group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>]) hypers([]) arithmetic<fast> {
   flashopt.group_body {
     %x = flashopt.load_element 0 : f32
     %c0 = arith.constant 0 : index
@@ -248,8 +248,11 @@ flashopt.kernel @region group_size(32) buffers([#flashopt.buffer<"x", f32, eleme
 
 // -----
 
-// expected-error @+1 {{'flashopt.arithmetic' must be "exact" or "fast", got "approximate"}}
-flashopt.kernel @bad group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "approximate"} {
+// The arithmetic is a typed attribute: a value other than exact or fast is
+// refused when parsed.
+// expected-error @+2 {{expected ::mlir::flashopt::Arithmetic to be one of: exact, fast}}
+// expected-error @+1 {{failed to parse FlashOpt_ArithmeticAttr parameter 'value'}}
+flashopt.kernel @bad group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>]) hypers([]) arithmetic<approximate> {
   flashopt.group_body {
     %x = flashopt.load_element 0 : f32
     flashopt.store_element 0, %x : f32
@@ -279,7 +282,7 @@ flashopt.kernel @bad group_size(32) buffers([#flashopt.buffer<"x", f32, element,
 // CHECK: math.fma %[[T]], %{{.*}}, %{{.*}} : f32
 // CHECK-NOT: arith.addf
 // CHECK: flashopt.store_element 1
-flashopt.kernel @softsign group_size(32) buffers([#flashopt.buffer<"x", f32, element, read>, #flashopt.buffer<"m.codes", i8, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @softsign group_size(32) buffers([#flashopt.buffer<"x", f32, element, read>, #flashopt.buffer<"m.codes", i8, element, readwrite>]) hypers([]) arithmetic<fast> {
   flashopt.group_body {
     %x = flashopt.load_element 0 : f32
     %code = flashopt.load_element 1 : i8
@@ -320,7 +323,7 @@ flashopt.kernel @softsign group_size(32) buffers([#flashopt.buffer<"x", f32, ele
 // CHECK: arith.addf %{{.*}}, %[[AN]] : f32
 // CHECK-NOT: math.fma %{{.*}}, %{{.*}}, %{{.*}} : f32
 // CHECK: flashopt.store_element 0, %[[N]]
-flashopt.kernel @softsign_shared group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"m.codes", i8, element, readwrite>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @softsign_shared group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"m.codes", i8, element, readwrite>]) hypers([]) arithmetic<fast> {
   flashopt.group_body {
     %y = flashopt.load_element 0 : f32
     %ay = math.absf %y : f32
@@ -359,7 +362,7 @@ flashopt.kernel @softsign_shared group_size(32) buffers([#flashopt.buffer<"x", f
 // CHECK: arith.mulf %[[X]], %[[S0]] : f32
 // CHECK-NOT: arith.divf
 // CHECK: flashopt.store_element 0
-flashopt.kernel @pair group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"m.codes", i8, element, read>, #flashopt.buffer<"d", f32, element, read>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @pair group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"m.codes", i8, element, read>, #flashopt.buffer<"d", f32, element, read>]) hypers([]) arithmetic<fast> {
   flashopt.group_body {
     %x = flashopt.load_element 0 : f32
     %code = flashopt.load_element 1 : i8
@@ -384,7 +387,7 @@ flashopt.kernel @pair group_size(32) buffers([#flashopt.buffer<"x", f32, element
 // CHECK: %[[DEC:.*]] = arith.divf
 // CHECK: arith.divf %{{.*}}, %{{.*}} : f32
 // CHECK: flashopt.store_element 0
-flashopt.kernel @nopair group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"m.codes", i8, element, read>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @nopair group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"m.codes", i8, element, read>]) hypers([]) arithmetic<fast> {
   flashopt.group_body {
     %x = flashopt.load_element 0 : f32
     %code = flashopt.load_element 1 : i8
@@ -410,7 +413,7 @@ flashopt.kernel @nopair group_size(32) buffers([#flashopt.buffer<"x", f32, eleme
 // CHECK: arith.divf %[[Q]], %{{.*}} : f32
 // CHECK: arith.divf %{{.*}}, %{{.*}} : f32
 // CHECK: flashopt.store_element 0
-flashopt.kernel @nopair_unsigned group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"v.codes", ui8, element, read>, #flashopt.buffer<"d", f32, element, read>]) hypers([]) attributes {flashopt.arithmetic = "fast"} {
+flashopt.kernel @nopair_unsigned group_size(32) buffers([#flashopt.buffer<"x", f32, element, readwrite>, #flashopt.buffer<"v.codes", ui8, element, read>, #flashopt.buffer<"d", f32, element, read>]) hypers([]) arithmetic<fast> {
   flashopt.group_body {
     %x = flashopt.load_element 0 : f32
     %code = flashopt.load_element 1 : i8

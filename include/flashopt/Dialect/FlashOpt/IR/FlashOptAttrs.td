@@ -55,6 +55,56 @@ def FlashOpt_BufferAccess : I32EnumAttr<"BufferAccess",
   let genSpecializedAttr = 0;
 }
 
+// The compiler's modes: typed attributes of the ops they govern, spelled as
+// `arith`'s fastmath is (`numerics<flashoptim>` in an op's own syntax,
+// `#flashopt.numerics<flashoptim>` in a generic attribute dictionary), and
+// checked by ODS when parsed.
+
+def FlashOpt_NumericsBounded : I32EnumAttrCase<"Bounded", 0, "bounded">;
+def FlashOpt_NumericsFlashOptim : I32EnumAttrCase<"FlashOptim", 1, "flashoptim">;
+def FlashOpt_Numerics : I32EnumAttr<"Numerics",
+    "the numerics of an optimizer (bounded or flashoptim; docs/NUMERICS.md §8)",
+    [FlashOpt_NumericsBounded, FlashOpt_NumericsFlashOptim]> {
+  let cppNamespace = "::mlir::flashopt";
+  let genSpecializedAttr = 0;
+}
+def FlashOpt_NumericsAttr : EnumAttr<FlashOpt_Dialect, FlashOpt_Numerics,
+                                     "numerics"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def FlashOpt_ArithmeticExact : I32EnumAttrCase<"Exact", 0, "exact">;
+def FlashOpt_ArithmeticFast : I32EnumAttrCase<"Fast", 1, "fast">;
+def FlashOpt_Arithmetic : I32EnumAttr<"Arithmetic",
+    "the arithmetic of an optimizer or kernel (exact or fast; docs/NUMERICS.md §7)",
+    [FlashOpt_ArithmeticExact, FlashOpt_ArithmeticFast]> {
+  let cppNamespace = "::mlir::flashopt";
+  let genSpecializedAttr = 0;
+}
+def FlashOpt_ArithmeticAttr : EnumAttr<FlashOpt_Dialect, FlashOpt_Arithmetic,
+                                       "arithmetic"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
+// The kinds of ::flashopt::abi::KernelKind by the same names
+// (docs/KERNEL-ABI.md "Gradient accumulation"; the driver converts by name).
+def FlashOpt_KernelStep : I32EnumAttrCase<"Step", 0, "step">;
+def FlashOpt_KernelAccumulate : I32EnumAttrCase<"Accumulate", 1, "accumulate">;
+def FlashOpt_KernelStepAccumulated
+    : I32EnumAttrCase<"StepAccumulated", 2, "step_accumulated">;
+def FlashOpt_KernelStepFused : I32EnumAttrCase<"StepFused", 3, "step_fused">;
+def FlashOpt_KernelKind : I32EnumAttr<"KernelKind",
+    "the kind of a kernel (step, accumulate, step_accumulated or step_fused)",
+    [FlashOpt_KernelStep, FlashOpt_KernelAccumulate,
+     FlashOpt_KernelStepAccumulated, FlashOpt_KernelStepFused]> {
+  let cppNamespace = "::mlir::flashopt";
+  let genSpecializedAttr = 0;
+}
+def FlashOpt_KernelKindAttr : EnumAttr<FlashOpt_Dialect, FlashOpt_KernelKind,
+                                       "kernel_kind"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
 //===----------------------------------------------------------------------===//
 // Attributes
 //===----------------------------------------------------------------------===//

@@ -28,19 +28,6 @@
 
 namespace mlir::flashopt {
 
-/// The numerics of an optimizer or kernel (docs/NUMERICS.md §8): the
-/// discardable attribute `flashopt.numerics`, "bounded" (the default, also
-/// when absent) or "flashoptim".
-enum class Numerics {
-  /// Dithered state codes and `flashopt.bound` enforced.
-  Bounded,
-  /// FlashOptim's: codes rounded to nearest, `flashopt.bound` ignored.
-  FlashOptim,
-};
-inline constexpr llvm::StringLiteral kNumericsAttr = "flashopt.numerics";
-/// The numerics `op` carries, or nullopt when the attribute is malformed.
-std::optional<Numerics> getNumerics(Operation *op);
-
 /// The hyper-parameter declarations of an optimizer or kernel, in order.
 llvm::SmallVector<HyperOp> getHypers(Operation *optimizerOrKernel);
 

@@ -39,8 +39,12 @@ def FlashOpt_OptimizerOp : FlashOpt_Op<"optimizer", [
     is the encoding of a gradient accumulator (`#flashopt.master<f32>`,
     `#flashopt.master<bf16, correction = i8>` or `#flashopt.master<bf16>`):
     then every kernel of the optimizer has accumulator buffers, and
-    `flashopt-expand-encodings` can make its accumulate and accumulated-step
-    kernels (the discardable attribute `flashopt.kernel_kind`).
+    `flashopt-expand-encodings{kernel-kind=...}` can make its accumulate and
+    accumulated-step kernels. `numerics` (default `bounded`; `flashoptim`:
+    FlashOptim's round-to-nearest codes, `flashopt.bound` the identity;
+    docs/NUMERICS.md §8) and `arithmetic` (default `exact`; `fast`: the
+    portable fast mode, §7) are the optimizer's modes; its kernels inherit
+    `arithmetic`.
 
     ```mlir
     flashopt.optimizer @sgd param(#flashopt.master<bf16, correction = i8>) grad(bf16) {
@@ -55,11 +59,16 @@ def FlashOpt_OptimizerOp : FlashOpt_Op<"optimizer", [
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, FlashOpt_MasterAttr:$param,
                        TypeAttr:$grad,
-                       OptionalAttr<FlashOpt_MasterAttr>:$accumulate);
+                       OptionalAttr<FlashOpt_MasterAttr>:$accumulate,
+                       DefaultValuedAttr<FlashOpt_NumericsAttr,
+                         "::mlir::flashopt::Numerics::Bounded">:$numerics,
+                       DefaultValuedAttr<FlashOpt_ArithmeticAttr,
+                         "::mlir::flashopt::Arithmetic::Exact">:$arithmetic);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $sym_name `param` `(` qualified($param) `)` `grad` `(` $grad `)`
     (`accumulate` `(` qualified($accumulate)^ `)`)?
+    (`numerics` `` $numerics^)? (`arithmetic` `` $arithmetic^)?
     attr-dict-with-keyword $body
   }];
   let hasVerifier = 1;
@@ -188,12 +197,14 @@ def FlashOpt_BoundOp : FlashOpt_Op<"bound", [
   let description = [{
     `min(max(x, -limit), limit)` (NaN-propagating, as `arith.maximumf` and
     `arith.minimumf`) in the default bounded numerics; `x` itself in the
-    FlashOptim numerics (an optimizer with `flashopt.numerics =
-    "flashoptim"`). A rule states with it a bound that its exact arithmetic
-    never exceeds, so that quantized states cannot make an update the exact
-    rule could not make: Adam's update is at most lr times the largest
-    |m_hat| / sqrt(v_hat) that exact Adam can reach (docs/NUMERICS.md §8).
-    flashopt-expand-encodings lowers it.
+    FlashOptim numerics (an optimizer with `numerics<flashoptim>`). A rule
+    states with it a bound that its exact arithmetic never exceeds, so that
+    quantized states cannot make an update the exact rule could not make:
+    Adam's update is at most lr times the largest |m_hat| / sqrt(v_hat) that
+    exact Adam can reach (docs/NUMERICS.md §8). flashopt-expand-encodings
+    lowers it in the rule by one pattern built for the optimizer's numerics
+    (`populateBoundLoweringPatterns`) before it inlines the rule into a
+    kernel.
 
     ```mlir
     %upd_b = flashopt.bound %upd, %max_upd : f32
@@ -234,7 +245,9 @@ def FlashOpt_KernelOp : FlashOpt_Op<"kernel", [
     count, powi, arith) followed by exactly one `flashopt.group_body`, whose
     scalar code runs for every element of every group of `group_size`
     elements. Back ends map the group body onto vector lanes
-    (flashopt-to-cpu, flashopt-to-gpu).
+    (flashopt-to-cpu, flashopt-to-gpu). `kind` says which of its optimizer's
+    kernels it is (default `step`), `arithmetic` whether
+    `flashopt-fast-arithmetic` rewrites it (`fast`; default `exact`).
 
     ```mlir
     flashopt.kernel @sgd_f32 group_size(32)
@@ -254,11 +267,16 @@ def FlashOpt_KernelOp : FlashOpt_Op<"kernel", [
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, I64Attr:$group_size,
                        TypedArrayAttrBase<FlashOpt_BufferAttr, "kernel buffers">:$buffers,
-                       StrArrayAttr:$hypers);
+                       StrArrayAttr:$hypers,
+                       DefaultValuedAttr<FlashOpt_KernelKindAttr,
+                         "::mlir::flashopt::KernelKind::Step">:$kind,
+                       DefaultValuedAttr<FlashOpt_ArithmeticAttr,
+                         "::mlir::flashopt::Arithmetic::Exact">:$arithmetic);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
-    $sym_name `group_size` `(` $group_size `)` `buffers` `(` $buffers `)`
-    `hypers` `(` $hypers `)` attr-dict-with-keyword $body
+    $sym_name (`kind` `` $kind^)? `group_size` `(` $group_size `)`
+    `buffers` `(` $buffers `)` `hypers` `(` $hypers `)`
+    (`arithmetic` `` $arithmetic^)? attr-dict-with-keyword $body
   }];
   let hasVerifier = 1;
   let hasRegionVerifier = 1;

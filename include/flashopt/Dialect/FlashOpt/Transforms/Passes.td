@@ -20,7 +20,14 @@ def FlashOptExpandEncodings : Pass<"flashopt-expand-encodings", "::mlir::ModuleO
     the inverse compander, widening), inlines the update rule, and encodes
     every output (narrowing + correction encode; group absmax with
     `flashopt.group_max` → compander → codes + scale), exactly as
-    docs/NUMERICS.md specifies.
+    docs/NUMERICS.md specifies. `flashopt.bound` is lowered there for the
+    optimizer's `numerics`; the kernel inherits its `arithmetic`.
+
+    `kernel-kind` picks which of an optimizer's kernels is made
+    (docs/KERNEL-ABI.md "Gradient accumulation"): `step` (the default),
+    or, for an optimizer with an accumulator, `accumulate`,
+    `step_accumulated` or `step_fused`; the kernel's name is the
+    optimizer's plus the kind's suffix, and it carries the kind.
 
     Input:
     ```mlir
@@ -49,6 +56,21 @@ def FlashOptExpandEncodings : Pass<"flashopt-expand-encodings", "::mlir::ModuleO
     ```
   }];
   let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
+  let options = [
+    Option<"kernelKind", "kernel-kind", "::mlir::flashopt::KernelKind",
+           /*default=*/"::mlir::flashopt::KernelKind::Step",
+           "Which kernel of each optimizer to make",
+           [{::llvm::cl::values(
+             clEnumValN(::mlir::flashopt::KernelKind::Step, "step",
+                        "the step kernel (the default)"),
+             clEnumValN(::mlir::flashopt::KernelKind::Accumulate, "accumulate",
+                        "adds a micro-batch's gradient to the accumulator"),
+             clEnumValN(::mlir::flashopt::KernelKind::StepAccumulated,
+                        "step_accumulated",
+                        "steps on the accumulated gradient, zeroes it"),
+             clEnumValN(::mlir::flashopt::KernelKind::StepFused, "step_fused",
+                        "adds the last micro-batch in registers and steps"))}]>
+  ];
 }
 
 def FlashOptDecodeTables : Pass<"flashopt-decode-tables", "::mlir::ModuleOp"> {
@@ -176,10 +198,9 @@ def FlashOptExactGroupDivision : Pass<"flashopt-exact-group-division", "::mlir::
 def FlashOptFastArithmetic : Pass<"flashopt-fast-arithmetic", "::mlir::ModuleOp"> {
   let summary = "The portable fast mode: divisions by uniform values as reciprocal multiplies, uniform factors folded, products fused into FMAs";
   let description = [{
-    Acts on every `flashopt.kernel` whose discardable attribute
-    `flashopt.arithmetic` is `"fast"` (a spec's `"arithmetic": "fast"`;
-    `"exact"` or no attribute leaves a kernel alone; any other value is an
-    error). First, in the group body, the two softsign quotients become one
+    Acts on every `flashopt.kernel` with `arithmetic<fast>` (a spec's
+    `"arithmetic": "fast"`, through its optimizer's `arithmetic<fast>`;
+    `exact`, the default, leaves a kernel alone). First, in the group body, the two softsign quotients become one
     division each (the same real function, fewer roundings): the encode
     `2n / (1 + |n|)`, `n = y / a` (a uniform), becomes
     `y / fma(|y|, 0.5, a * 0.5)`, and the decode `t / (2 - |t|)`,
