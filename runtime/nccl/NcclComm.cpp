@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+using flashopt::host::Code;
 using flashopt::host::CudaDriver;
 using flashopt::host::Expected;
 using flashopt::host::Status;
@@ -301,9 +302,9 @@ flashopt_status setUp(NcclComm *c, int32_t device, std::string &why) {
   Status s =
       c->cuda->check(c->cuda->cuDeviceGetCount(&count), "cuDeviceGetCount");
   if (s && (device < 0 || device >= count))
-    s = Status::error("CUDA device " + std::to_string(device) +
-                      " does not exist (" + std::to_string(count) +
-                      " devices)");
+    s = Status::error(Code::Device, "CUDA device " + std::to_string(device) +
+                                        " does not exist (" +
+                                        std::to_string(count) + " devices)");
   if (s)
     s = c->cuda->check(c->cuda->cuDeviceGet(&c->device, device), "cuDeviceGet");
   if (s)
