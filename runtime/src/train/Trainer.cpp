@@ -54,15 +54,22 @@ public:
   GradScales(const GradScales &) = delete;
   GradScales &operator=(const GradScales &) = delete;
 
-  /// Every group's grad_scale now (`code` and the hyper's error if absent).
-  Expected<std::vector<float>> current(Code code,
-                                       const std::string &prefix) const {
+  /// Every group's grad_scale now; Unsupported when the bundle has none
+  /// (`what` needs it).
+  Expected<std::vector<float>> current(const std::string &what) const {
+    const host::Manifest &m = opt_.manifest();
+    if (m.hyper_index(kGradScale) < 0)
+      return Status::error(Code::Unsupported,
+                           what + " needs the kernels' \"grad_scale\", which " +
+                               m.name +
+                               " lacks (a bundle from an older "
+                               "flashopt-gen): regenerate it");
     const int groups = opt_.num_param_groups();
     std::vector<float> v(static_cast<size_t>(groups));
     for (int g = 0; g < groups; ++g) {
       Expected<float> x = opt_.hyper(g, kGradScale);
       if (!x)
-        return Status::error(code, prefix + x.error());
+        return x.status();
       v[size_t(g)] = *x;
     }
     return v;
@@ -74,7 +81,7 @@ public:
       saved_ = values;
     for (size_t g = 0; g < values.size(); ++g)
       if (Status s = opt_.set_hyper(int(g), kGradScale, values[g] * factor); !s)
-        return s.with_code(Code::Internal);
+        return s;
     return Status::success();
   }
   /// Puts the caller's values back.
@@ -227,10 +234,7 @@ Status Trainer::checkCanAccumulate() const {
 }
 
 Expected<bool> Trainer::gradsFinite(const std::vector<int64_t> &idx) {
-  Expected<bool> finite = opt_.grads_finite(idx);
-  if (!finite)
-    return finite.status().with_code(Code::Unsupported);
-  return finite;
+  return opt_.grads_finite(idx);
 }
 
 //===----------------------------------------------------------------------===//
@@ -301,7 +305,7 @@ Status Trainer::step(StepKind kind) {
     const int W = dp_ ? dp_->comm().size() : 1;
     const double normalizer =
         normalizer_ > 0.0 ? normalizer_ : double(N) * double(W);
-    Expected<std::vector<float>> v = scales.current(Code::Internal, "");
+    Expected<std::vector<float>> v = scales.current("an accumulated step");
     if (!v)
       return v.status();
     if (Status s = scales.set(*v, float(1.0 / normalizer)); !s)
@@ -333,11 +337,8 @@ Expected<bool> Trainer::agree(StepKind kind, int64_t microBatches) {
   view.micro_batches = microBatches;
   view.normalizer = normalizer_;
   Expected<bool> skip = dp_->agree(view);
-  if (!skip) {
+  if (!skip)
     dp_->step_done();
-    if (skip.code() != Code::Mismatch)
-      return skip.status().with_code(Code::Comm);
-  }
   return skip;
 }
 
@@ -357,7 +358,7 @@ Status Trainer::reduce(StepKind kind, int64_t microBatches) {
   Status r = kind == StepKind::Plain ? dp_->reduce_remaining(opt_)
                                      : dp_->reduce_accumulators(opt_);
   dp_->step_done();
-  return r ? r : r.with_code(Code::Comm);
+  return r;
 }
 
 Expected<bool> Trainer::decide(StepKind kind) {
@@ -369,11 +370,8 @@ Expected<bool> Trainer::decide(StepKind kind) {
       return true;
     return gradsFinite(allTensors());
   }
-  Expected<bool> finite = dp_ ? dp_->accumulators_finite(opt_)
-                              : opt_.accumulators_finite(allTensors());
-  if (!finite)
-    return finite.status().with_code(dp_ ? Code::Comm : Code::Unsupported);
-  return finite;
+  return dp_ ? dp_->accumulators_finite(opt_)
+             : opt_.accumulators_finite(allTensors());
 }
 
 Status Trainer::skip(StepKind kind) {
@@ -399,10 +397,8 @@ Status Trainer::clip(StepKind kind, GradScales &scales) {
                                          ? opt_.grad_sum_squares(all)
                                          : opt_.accumulator_sum_squares(all);
   if (!ss)
-    return ss.status().with_code(Code::Unsupported);
-  Expected<std::vector<float>> v = scales.current(
-      Code::Unsupported, "gradient clipping needs the kernels' \"grad_scale\" "
-                         "(rebuild the bundle with this flashopt-gen): ");
+    return ss.status();
+  Expected<std::vector<float>> v = scales.current("gradient clipping");
   if (!v)
     return v.status();
   double total = 0.0; // in tensor order
@@ -537,15 +533,8 @@ Status Trainer::attach(std::shared_ptr<dist::Communicator> comm,
     owner = [this] { return opt_.create_sibling(); };
   Expected<std::unique_ptr<dist::DataParallel>> dp = dist::DataParallel::attach(
       std::move(comm), opt_, layout, deterministic, bucket_bytes, owner);
-  if (!dp) {
-    // The layout and the engine are the ranks' own; anything else failed
-    // in a collective or its staging.
-    const Code c = dp.code();
-    return dp.status()
-        .with_code(c == Code::Mismatch || c == Code::Unsupported ? c
-                                                                 : Code::Comm)
-        .prefixed(where);
-  }
+  if (!dp)
+    return dp.status().prefixed(where);
   dp_ = std::move(dp.value());
   return Status::success();
 }
@@ -573,8 +562,7 @@ Status Trainer::reduce_bucket(int b) {
     if (!opt_.tensor(i).grad)
       return Status::error(Code::State, name(i) + " has no gradient");
   dp_->set_full_grads(maxGradNorm_ > 0.0);
-  Status s = dp_->reduce_bucket(opt_, b);
-  return s || s.code() == Code::State ? s : s.with_code(Code::Comm);
+  return dp_->reduce_bucket(opt_, b);
 }
 
 } // namespace flashopt::train

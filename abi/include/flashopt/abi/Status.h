@@ -31,11 +31,10 @@ namespace flashopt::abi {
 
 /// What kind of failure a Status reports: the kinds the library's own code
 /// tells apart. The values are those of the C ABI's `flashopt_status`
-/// (flashopt.h) of the same name; the C ABI checks that they agree.
+/// (flashopt.h) of the same name; the C ABI checks that they agree. Every
+/// producer names one, by what went wrong (not by who asked); there is no
+/// error without a kind.
 enum class Code : int {
-  /// No code: the caller knows best (the entry point's device, format or
-  /// communication error). What Status::error(message) makes.
-  Unspecified = -1,
   Ok = 0,
   /// A value out of range, a bad enum, a null pointer, an unknown name or
   /// index.
@@ -72,14 +71,10 @@ class [[nodiscard]] Status {
 public:
   Status() = default;
   static Status success() { return Status(); }
-  /// An error the caller classifies (Code::Unspecified).
-  static Status error(std::string message) {
-    return error(Code::Unspecified, std::move(message));
-  }
-  /// An error of kind `code`.
+  /// An error of kind `code` (Internal for Code::Ok: a bug).
   static Status error(Code code, std::string message) {
     Status s;
-    s.code_ = code == Code::Ok ? Code::Unspecified : code;
+    s.code_ = code == Code::Ok ? Code::Internal : code;
     s.message_ = std::move(message);
     return s;
   }
@@ -93,8 +88,6 @@ public:
   Status prefixed(const std::string &prefix) const {
     return error(code_, prefix + message_);
   }
-  /// The same message as an error of kind `code`.
-  Status with_code(Code code) const { return error(code, message_); }
   /// The error of exception `e`, caught where `prefix` says ("step: "):
   /// OutOfMemory for a std::bad_alloc, Internal for anything else (nothing
   /// in flashopt throws on purpose); the message is `prefix` + e.what().
