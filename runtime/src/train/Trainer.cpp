@@ -155,7 +155,8 @@ void Trainer::restore(const std::vector<int64_t> &tensor_steps, int64_t step,
 Status Trainer::set_nonfinite_policy(NonFinitePolicy policy) {
   if (policy == NonFinitePolicy::Skip && !opt_.backend().scans_gradients())
     return Status::error(Code::Unsupported,
-                         "FLASHOPT_NONFINITE_SKIP is not supported on " +
+                         "skipping steps on non-finite gradients is not "
+                         "supported on " +
                              contextName(opt_.backend()) +
                              " contexts yet (it needs a device-side gradient "
                              "scan)");
@@ -211,8 +212,8 @@ Status Trainer::checkReady(const std::vector<int64_t> &idx) {
   for (int64_t i : idx)
     if (!opt_.tensor(i).grad)
       return Status::error(Code::State,
-                           name(i) + " has no gradient (flashopt_add_param "
-                                     "with a grad, or flashopt_set_grad)");
+                           name(i) + " has no gradient (register one with "
+                                     "the parameter, or set one)");
   // An empty step checks the hyper table and runs nothing.
   return opt_.step_tensors({}, 0);
 }
@@ -228,8 +229,8 @@ Status Trainer::checkCanAccumulate() const {
   if (dp_ && dp_->any_reduced())
     return Status::error(Code::State,
                          "a bucket's gradients were already reduced for this "
-                         "step (flashopt_reduce_bucket); with accumulation "
-                         "flashopt_step reduces the accumulators instead");
+                         "step (an early bucket reduction); with accumulation "
+                         "the step reduces the accumulators instead");
   return Status::success();
 }
 
@@ -270,7 +271,7 @@ Status Trainer::step(StepKind kind) {
                 std::to_string(counters_[i].accumulated) +
                 " accumulated micro-batches but " + name(0) + " has " +
                 std::to_string(n) +
-                ": flashopt_step needs the same number for every parameter");
+                ": a step needs the same number for every parameter");
   }
   if (Status s = checkReady(all); !s)
     return s;
@@ -475,7 +476,7 @@ Status Trainer::step_tensor(int64_t i) {
   if (accumulation_pending())
     return Status::error(Code::State,
                          why + "gradient accumulation (micro-batches are "
-                               "accumulated; end them with flashopt_step)");
+                               "accumulated; a whole step ends them)");
   if (maxGradNorm_ > 0.0)
     return Status::error(Code::State,
                          why + "gradient-norm clipping (it needs every "
@@ -484,7 +485,7 @@ Status Trainer::step_tensor(int64_t i) {
     return Status::error(Code::State,
                          why + (dp_->sharded() ? "sharded" : "replicated") +
                              " data parallelism (the gradients are averaged "
-                             "over the ranks in flashopt_step)");
+                             "over the ranks in a whole step)");
   const std::vector<int64_t> one{i};
   if (Status s = checkReady(one); !s)
     return s;
@@ -553,10 +554,10 @@ Status Trainer::reduce_bucket(int b) {
     return Status::error(
         Code::State,
         "bucket " + std::to_string(b) +
-            ": micro-batches are accumulated, so flashopt_step reduces the "
+            ": micro-batches are accumulated, so the step reduces the "
             "accumulators (the last micro-batch included) in every bucket; "
-            "flashopt_reduce_bucket reduces gradients of a step without "
-            "accumulation");
+            "an early bucket reduction is for the gradients of a step "
+            "without accumulation");
   const dist::Bucket &bk = buckets[size_t(b)];
   for (int64_t i = bk.first; i < bk.first + bk.count; ++i)
     if (!opt_.tensor(i).grad)
