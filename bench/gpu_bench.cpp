@@ -63,16 +63,19 @@ public:
       d_.cuEventDestroy(stop_);
   }
   /// Milliseconds per call of `fn` over `iters` calls after `warmup`; a
-  /// negative value when fn or the driver failed (`error` says why).
+  /// negative value when fn or the driver failed (`error` says why, and
+  /// failure() is that failure).
   double msPerCall(const std::function<Status()> &fn, int warmup, int iters,
                    std::string &error) {
     if (!ok_) {
-      error = "cuEventCreate failed";
+      failure_ = Status::error(Code::Cuda, "cuEventCreate failed");
+      error = failure_.message();
       return -1;
     }
     for (int i = 0; i < warmup; ++i) {
       Status s = fn();
       if (!s) {
+        failure_ = s;
         error = s.message();
         return -1;
       }
@@ -90,17 +93,21 @@ public:
       s = d_.check(d_.cuEventElapsedTime(&ms, start_, stop_),
                    "cuEventElapsedTime");
     if (!s) {
+      failure_ = s;
       error = s.message();
       return -1;
     }
     return double(ms) / iters;
   }
+  /// The last failure of msPerCall.
+  const Status &failure() const { return failure_; }
 
 private:
   const CudaContext &ctx_;
   const CudaDriver &d_;
   CUevent start_ = nullptr, stop_ = nullptr;
   bool ok_ = false;
+  Status failure_;
 };
 
 /// Fills a device buffer of `n` elements of `t`: a 1M-element host pattern,
@@ -257,7 +264,7 @@ int benchBundle(const std::shared_ptr<CudaContext> &ctx, Timer &timer,
         row.ms =
             timer.msPerCall([&] { return opt1.step(); }, warmup, its, err);
         if (row.ms < 0)
-          s = Status::error(err);
+          s = timer.failure();
         else
           row.note = "grid " + std::to_string(opt1.launch_config().grid) +
                      ", " + std::to_string(its) + " steps, " + kernelNote;
@@ -335,7 +342,7 @@ int benchBundle(const std::shared_ptr<CudaContext> &ctx, Timer &timer,
         },
         warmup, its, err);
     if (rm.ms < 0 || rs.ms < 0)
-      s = Status::error(err);
+      s = timer.failure();
   }
   if (!s) {
     rm.ms = rs.ms = -1;
@@ -393,7 +400,7 @@ int main(int argc, char **argv) {
   // --driver: another driver library (a dry run with a stand-in).
   std::unique_ptr<CudaDriver> driver;
   Expected<std::shared_ptr<CudaContext>> ctxOr =
-      Status::error("no driver loaded");
+      Status::error(Code::Device, "no driver loaded");
   if (driverPath.empty()) {
     ctxOr = CudaContext::create(device);
   } else if (auto dl = CudaDriver::load(driverPath)) {

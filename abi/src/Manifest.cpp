@@ -141,8 +141,9 @@ Expected<int> find_buffer(const Manifest &m, std::string_view name) {
   std::string names;
   for (const BufferSpec &s : m.buffers)
     names += (names.empty() ? "" : ", ") + s.name;
-  return Status::error("buffer: " + m.name + " has no buffer \"" +
-                       std::string(name) + "\" (buffers: " + names + ")");
+  return Status::error(Code::InvalidArgument,
+                       "buffer: " + m.name + " has no buffer \"" +
+                           std::string(name) + "\" (buffers: " + names + ")");
 }
 
 } // namespace flashopt::abi

@@ -478,23 +478,29 @@ int64_t excessiveNesting(std::string_view text) {
 Expected<Manifest> parse_manifest(std::string_view text,
                                   const std::string &origin) {
   if (int64_t at = excessiveNesting(text); at >= 0)
-    return Status::error(origin + ": invalid JSON: nesting deeper than " +
-                         std::to_string(kMaxManifestNesting) +
-                         " levels at byte " + std::to_string(at));
+    return Status::error(Code::Format,
+                         origin + ": invalid JSON: nesting deeper than " +
+                             std::to_string(kMaxManifestNesting) +
+                             " levels at byte " + std::to_string(at));
   try {
     json root;
     try {
       root = json::parse(text.begin(), text.end());
     } catch (const json::parse_error &e) {
-      return Status::error(origin + ": invalid JSON: " + e.what());
+      return Status::error(Code::Format,
+                           origin + ": invalid JSON: " + e.what());
     }
     return Parser(origin).parse(root);
   } catch (const ManifestError &e) {
-    return Status::error(e.message);
+    return Status::error(Code::Format, e.message);
+  } catch (const json::exception &e) {
+    // A value of a type the reader did not expect.
+    return Status::error(Code::Format, origin + ": " + e.what());
   } catch (const std::exception &e) {
-    return Status::error(origin + ": " + e.what());
+    return Status::from_exception(e, origin + ": ");
   } catch (...) {
-    return Status::error(origin + ": unknown error while reading the manifest");
+    return Status::error(Code::Internal,
+                         origin + ": unknown error while reading the manifest");
   }
 }
 
@@ -502,15 +508,19 @@ Expected<Manifest> load_manifest(const std::string &path) {
   try {
     std::string text, reason;
     FileError e = read_regular_file(path, kMaxManifestBytes, text, reason);
+    // A file too large to be a manifest is a malformed one; the rest
+    // (missing, not a regular file, a read error) failed to be read.
     if (e != FileError::None)
-      return Status::error(path + ": " +
-                           (e == FileError::NotFound
-                                ? std::string("cannot open (No such file or "
-                                              "directory)")
-                                : reason));
+      return Status::error(
+          e == FileError::TooLarge ? Code::Format : Code::Io,
+          path + ": " +
+              (e == FileError::NotFound
+                   ? std::string("cannot open (No such file or "
+                                 "directory)")
+                   : reason));
     return parse_manifest(text, path);
   } catch (const std::exception &e) {
-    return Status::error(path + ": " + e.what());
+    return Status::from_exception(e, path + ": ");
   }
 }
 

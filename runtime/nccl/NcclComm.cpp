@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+using flashopt::capi::statusOf;
+using flashopt::host::Code;
 using flashopt::host::CudaDriver;
 using flashopt::host::Expected;
 using flashopt::host::Status;
@@ -282,28 +284,30 @@ void destroy(void *self) {
 //===----------------------------------------------------------------------===//
 
 /// This rank's part of the set-up before NCCL: the libraries, the device,
-/// the kernels. UNSUPPORTED for a missing library or symbol.
+/// the kernels. The status of the failure's code: UNSUPPORTED for a missing
+/// NCCL library or symbol, DEVICE for no usable driver or device, CUDA for
+/// a failed driver call.
 flashopt_status setUp(NcclComm *c, int32_t device, std::string &why) {
   Expected<const flashopt::nccl::NcclLibrary *> lib =
       flashopt::nccl::NcclLibrary::get();
   if (!lib) {
     why = lib.error();
-    return FLASHOPT_ERROR_UNSUPPORTED;
+    return statusOf(lib.status());
   }
   c->nccl = *lib;
   Expected<const CudaDriver *> drv = CudaDriver::get();
   if (!drv) {
     why = drv.error();
-    return FLASHOPT_ERROR_UNSUPPORTED;
+    return statusOf(drv.status());
   }
   c->cuda = *drv;
   int count = 0;
   Status s =
       c->cuda->check(c->cuda->cuDeviceGetCount(&count), "cuDeviceGetCount");
   if (s && (device < 0 || device >= count))
-    s = Status::error("CUDA device " + std::to_string(device) +
-                      " does not exist (" + std::to_string(count) +
-                      " devices)");
+    s = Status::error(Code::Device, "CUDA device " + std::to_string(device) +
+                                        " does not exist (" +
+                                        std::to_string(count) + " devices)");
   if (s)
     s = c->cuda->check(c->cuda->cuDeviceGet(&c->device, device), "cuDeviceGet");
   if (s)
@@ -312,7 +316,7 @@ flashopt_status setUp(NcclComm *c, int32_t device, std::string &why) {
         "cuDevicePrimaryCtxRetain");
   if (!s) {
     why = s.message();
-    return FLASHOPT_ERROR_COMM;
+    return statusOf(s);
   }
   c->retained = true;
   ContextScope scope(c);
@@ -329,7 +333,7 @@ flashopt_status setUp(NcclComm *c, int32_t device, std::string &why) {
     }
   if (!s) {
     why = s.message();
-    return FLASHOPT_ERROR_COMM;
+    return statusOf(s);
   }
   return FLASHOPT_OK;
 }

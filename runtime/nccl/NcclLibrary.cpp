@@ -13,6 +13,7 @@
 
 namespace flashopt::nccl {
 
+using host::Code;
 using host::Expected;
 using host::Status;
 
@@ -23,14 +24,17 @@ Expected<const NcclLibrary *> loadOnce(NcclLibrary *lib, std::string name) {
   if (!h) {
     const char *e = dlerror();
     return Status::error(
+        Code::Unsupported,
         "NCCL was requested but the library " + name +
-        " could not be loaded: " + (e ? e : "unknown dlopen error") +
-        " (install NCCL or set FLASHOPT_NCCL_LIBRARY to libnccl.so.2's path)");
+            " could not be loaded: " + (e ? e : "unknown dlopen error") +
+            " (install NCCL or set FLASHOPT_NCCL_LIBRARY to libnccl.so.2's "
+            "path)");
   }
 #define FLASHOPT_NCCL_FUNCTION(fn)                                             \
   lib->fn = reinterpret_cast<decltype(lib->fn)>(dlsym(h, #fn));                \
   if (!lib->fn)                                                                \
-    return Status::error("the NCCL library " + name + " has no symbol " #fn);
+    return Status::error(Code::Unsupported,                                    \
+                         "the NCCL library " + name + " has no symbol " #fn);
 #include "NcclFunctions.def"
   return static_cast<const NcclLibrary *>(lib);
 }

@@ -366,7 +366,7 @@ int main(int argc, char **argv) {
   // --driver: another driver library (a dry run with a stand-in).
   std::unique_ptr<CudaDriver> driver;
   Expected<std::shared_ptr<CudaContext>> ctx =
-      Status::error("no driver loaded");
+      Status::error(Code::Device, "no driver loaded");
   if (driverPath.empty()) {
     ctx = CudaContext::create(device);
   } else if (auto d = CudaDriver::load(driverPath)) {

@@ -952,8 +952,11 @@ TEST_CASE("robustness: a state allocation that fails is OUT_OF_MEMORY with "
   // 2^55 elements: its i8 codes alone exceed any address space, so the
   // state allocation fails (a limit, not an injected fault). The param
   // memory is never touched at registration: an address above every
-  // registered buffer, so that its 2^56-byte range overlaps none of them.
-  void *high = reinterpret_cast<void *>(uintptr_t(0x7e0000000000));
+  // registered buffer, so that its 2^56-byte range overlaps none of them
+  // (above "w" itself: malloc may hand the main thread memory of another
+  // arena, mapped high, when the thread pools hold its own).
+  void *high = reinterpret_cast<void *>(
+      (uintptr_t(o.param.p) + (uintptr_t(1) << 32)) & ~uintptr_t(0xFFFF));
   int64_t idx = -1, count = 0;
   CHECK(flashopt_add_param(o.opt, 0, "huge", high, FLASHOPT_BF16,
                            int64_t(1) << 55, nullptr, FLASHOPT_BF16, &idx) ==

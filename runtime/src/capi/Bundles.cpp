@@ -39,7 +39,7 @@ void bundleFailure(const std::string &dir, const Status &s) {
     fail(FLASHOPT_ERROR_NOT_FOUND, "bundle " + quote(dir) +
                                        " has no manifest.json (" +
                                        std::strerror(err) + ")");
-  fail(s, FLASHOPT_ERROR_FORMAT);
+  fail(s);
 }
 
 std::shared_ptr<OptObj> createOptimizer(const std::shared_ptr<ContextObj> &ctx,

@@ -16,17 +16,18 @@
 
 namespace flashopt::capi {
 
-/// The optimizer of context `ctx` over the bundle directory `dir`; fails
-/// with NOT_FOUND, UNSUPPORTED, CUDA or FORMAT saying why.
 /// The buffers of `m` a binding sees: the library-owned ones (correction
 /// term and states; not the parameter, the gradient or an accumulator), in
 /// the manifest's order.
 std::vector<const flashopt::abi::BufferSpec *> ownedBuffers(const Manifest &m);
 
 /// Fails for a bundle directory that did not load: NOT_FOUND when it or its
-/// manifest.json is missing, else `s` (FORMAT when it has no code).
+/// manifest.json is missing, else with `s` (its status and message).
 [[noreturn]] void bundleFailure(const std::string &dir, const Status &s);
 
+/// The optimizer of context `ctx` over the bundle directory `dir`; fails
+/// with NOT_FOUND or the status of what failed (FORMAT, IO, UNSUPPORTED,
+/// CUDA, OUT_OF_MEMORY, ...), saying why.
 std::shared_ptr<OptObj> createOptimizer(const std::shared_ptr<ContextObj> &ctx,
                                         const std::string &dir);
 

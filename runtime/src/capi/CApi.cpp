@@ -123,7 +123,7 @@ flashopt_status flashopt_context_create(flashopt_device_type type,
       Expected<std::shared_ptr<CudaContext>> cc =
           CudaContext::create(device_id);
       if (!cc)
-        fail(FLASHOPT_ERROR_DEVICE,
+        fail(cc.status(),
              "CUDA device " + std::to_string(device_id) + ": " + cc.error());
       c->cuda = std::move(cc.value());
     } else {
@@ -152,9 +152,7 @@ flashopt_status flashopt_context_set_threads(flashopt_context ctx,
     for (const std::weak_ptr<OptObj> &w : c->opts)
       if (std::shared_ptr<OptObj> o = w.lock()) {
         std::lock_guard<std::mutex> olock(o->mu);
-        Status s = o->cpu->set_threads(threads);
-        if (!s)
-          fail(FLASHOPT_ERROR_INTERNAL, s.message());
+        o->check(o->cpu->set_threads(threads));
       }
   });
 }
@@ -391,8 +389,7 @@ flashopt_status flashopt_set_hyper(flashopt_optimizer opt, int32_t group,
     for (int g = first; g <= last; ++g) {
       Status s = o->opt->set_hyper(g, name, v);
       if (!s)
-        fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-             "param group " + std::to_string(g) + ": " + s.message());
+        fail(s, "param group " + std::to_string(g) + ": " + s.message());
     }
   });
 }
@@ -406,7 +403,7 @@ flashopt_status flashopt_get_hyper(flashopt_optimizer opt, int32_t group,
     checkGroup(*o, group);
     Expected<float> v = o->opt->hyper(group, name);
     if (!v)
-      fail(FLASHOPT_ERROR_INTERNAL, v.error());
+      fail(v.status());
     *out = double(*v);
   });
 }

@@ -193,12 +193,12 @@ void saveCheckpoint(OptObj &o, const std::string &path,
   if (sharded) {
     Expected<bool> bad = dp->comm().any(!s);
     if (!bad)
-      fail(FLASHOPT_ERROR_COMM, bad.error());
+      fail(bad.status());
     if (*bad && s)
       fail(FLASHOPT_ERROR_IO, "rank 0 could not write " + quote(path));
   }
   if (!s)
-    fail(FLASHOPT_ERROR_IO, s.message());
+    fail(s);
 }
 
 std::vector<uint8_t> saveCheckpointBuffer(OptObj &o,
@@ -207,7 +207,7 @@ std::vector<uint8_t> saveCheckpointBuffer(OptObj &o,
   Expected<std::vector<uint8_t>> bytes =
       safetensors::serialize(img.refs, img.meta);
   if (!bytes)
-    fail(bytes.status(), FLASHOPT_ERROR_INTERNAL);
+    fail(bytes.status());
   return std::move(bytes.value());
 }
 

@@ -402,7 +402,7 @@ void apply(OptObj &o, const safetensors::File &f, const Plan &p) {
       if (Status s =
               o.opt->restore_hyper(int(g), m.hypers[h].name, p.hypers[g][h]);
           !s)
-        fail(FLASHOPT_ERROR_INTERNAL, s.message());
+        fail(s);
   o.trainer->restore(p.steps, p.step, p.skipped);
 }
 
@@ -417,8 +417,7 @@ void loadCheckpoint(OptObj &o, const std::string &path) {
          "checkpoint file " + file + ": " + std::strerror(err));
   Expected<safetensors::File> f = safetensors::File::read(path);
   if (!f)
-    fail(f.status(), FLASHOPT_ERROR_FORMAT,
-         "checkpoint file " + file + ": " + f.error());
+    fail(f.status(), "checkpoint file " + file + ": " + f.error());
   apply(o, *f, validate(o, *f, file));
 }
 
@@ -428,7 +427,7 @@ void loadCheckpointBuffer(OptObj &o, const void *data, size_t size) {
   Expected<safetensors::File> f =
       safetensors::File::parse(std::vector<uint8_t>(b, b + size), origin);
   if (!f)
-    fail(f.status(), FLASHOPT_ERROR_FORMAT);
+    fail(f.status());
   apply(o, *f, validate(o, *f, origin));
 }
 

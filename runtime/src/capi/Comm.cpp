@@ -30,9 +30,8 @@ flashopt_status flashopt_comm_create(const flashopt_comm_backend *backend,
     Expected<std::shared_ptr<flashopt::dist::Communicator>> c =
         flashopt::dist::Communicator::create(*backend);
     if (!c)
-      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
-           std::string(backend->name ? backend->name : "backend") + ": " +
-               c.error());
+      fail(c.status(), std::string(backend->name ? backend->name : "backend") +
+                           ": " + c.error());
     *out = registerComm(std::move(c.value()));
   });
 }

@@ -45,7 +45,9 @@ void fail(flashopt_status s, std::string message) {
   static_assert(int(abi::Code::code) == int(status), #code " is " #status);
 FLASHOPT_SAME_CODE(Ok, FLASHOPT_OK)
 FLASHOPT_SAME_CODE(InvalidArgument, FLASHOPT_ERROR_INVALID_ARGUMENT)
+FLASHOPT_SAME_CODE(Device, FLASHOPT_ERROR_DEVICE)
 FLASHOPT_SAME_CODE(State, FLASHOPT_ERROR_STATE)
+FLASHOPT_SAME_CODE(Format, FLASHOPT_ERROR_FORMAT)
 FLASHOPT_SAME_CODE(Mismatch, FLASHOPT_ERROR_MISMATCH)
 FLASHOPT_SAME_CODE(Io, FLASHOPT_ERROR_IO)
 FLASHOPT_SAME_CODE(OutOfMemory, FLASHOPT_ERROR_OUT_OF_MEMORY)
@@ -55,24 +57,15 @@ FLASHOPT_SAME_CODE(Internal, FLASHOPT_ERROR_INTERNAL)
 FLASHOPT_SAME_CODE(Comm, FLASHOPT_ERROR_COMM)
 #undef FLASHOPT_SAME_CODE
 
-flashopt_status statusOf(const abi::Status &s, flashopt_status otherwise) {
-  switch (s.code()) {
-  case abi::Code::Unspecified:
-    return otherwise;
-  case abi::Code::Ok:
-    return FLASHOPT_OK;
-  default:
-    return flashopt_status(int(s.code()));
-  }
+flashopt_status statusOf(const abi::Status &s) {
+  // Every code is the status of the same value (checked above).
+  return flashopt_status(int(s.code()));
 }
 
-void fail(const abi::Status &s, flashopt_status otherwise,
-          std::string message) {
-  fail(statusOf(s, otherwise), std::move(message));
+void fail(const abi::Status &s, std::string message) {
+  fail(statusOf(s), std::move(message));
 }
 
-void fail(const abi::Status &s, flashopt_status otherwise) {
-  fail(statusOf(s, otherwise), s.message());
-}
+void fail(const abi::Status &s) { fail(statusOf(s), s.message()); }
 
 } // namespace flashopt::capi

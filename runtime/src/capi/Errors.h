@@ -33,16 +33,13 @@ struct ApiError {
 /// Throws the ApiError that guard() turns into `s` and `message`.
 [[noreturn]] void fail(flashopt_status s, std::string message);
 
-/// The public status of an internal failure: the status of its code (the
-/// failing code set it: abi/Status.h), or `otherwise` when it has none
-/// (Code::Unspecified: what the entry point reports for a failure of its
-/// kind, e.g. the device error of a step or FORMAT for a bundle).
-flashopt_status statusOf(const abi::Status &s, flashopt_status otherwise);
-/// fail() with statusOf(s, otherwise) and `message`.
-[[noreturn]] void fail(const abi::Status &s, flashopt_status otherwise,
-                       std::string message);
-/// fail() with statusOf(s, otherwise) and s's own message.
-[[noreturn]] void fail(const abi::Status &s, flashopt_status otherwise);
+/// The public status of an internal failure: the status of its code, which
+/// the failing code set (abi/Status.h), whichever entry point called it.
+flashopt_status statusOf(const abi::Status &s);
+/// fail() with statusOf(s) and `message` (s's own with context added).
+[[noreturn]] void fail(const abi::Status &s, std::string message);
+/// fail() with statusOf(s) and s's own message.
+[[noreturn]] void fail(const abi::Status &s);
 
 /// The calling thread's last error message (flashopt_last_error).
 std::string &last_error();

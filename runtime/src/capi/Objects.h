@@ -132,15 +132,10 @@ struct OptObj {
 
   /// The attached data parallelism, or null.
   dist::DataParallel *dp() const { return trainer->data_parallel(); }
-  /// The status for a failure of the device (CUDA) or the library (CPU).
-  flashopt_status deviceError() const {
-    return ctx->type == FLASHOPT_DEVICE_CUDA ? FLASHOPT_ERROR_CUDA
-                                             : FLASHOPT_ERROR_INTERNAL;
-  }
-  /// Fails with `s`'s status (the device error where it has no code).
+  /// Fails with `s`'s status (its code) and message.
   void check(const Status &s) const {
     if (!s)
-      fail(s, deviceError());
+      fail(s);
   }
 
   std::string describe(int64_t i) const {
@@ -157,7 +152,7 @@ struct OptObj {
                                                ? d->gather_buffer(*opt, i, name)
                                                : opt->read_buffer(i, name);
     if (!bytes)
-      fail(deviceError(), describe(i) + ": " + bytes.error());
+      fail(bytes.status(), describe(i) + ": " + bytes.error());
     return std::move(bytes.value());
   }
   /// Overwrites buffer `name` of parameter `i` with `bytes` host bytes.
@@ -167,7 +162,7 @@ struct OptObj {
     Status s = d && d->sharded() ? d->scatter_buffer(*opt, i, name, data, bytes)
                                  : opt->write_buffer(i, name, data, bytes);
     if (!s)
-      fail(deviceError(), describe(i) + ": " + s.message());
+      fail(s, describe(i) + ": " + s.message());
   }
 };
 

@@ -80,7 +80,7 @@ static void checkPieceAddress(OptObj &o, const std::string &who,
                               const char *what, const void *address) {
   Status s = o.opt->backend().check_address(who.c_str(), what, address);
   if (!s)
-    fail(FLASHOPT_ERROR_INVALID_ARGUMENT, s.message());
+    fail(s);
 }
 
 void addParam(OptObj &o, int32_t group, const char *cname, void *param,
@@ -173,12 +173,12 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
   Expected<int64_t> r =
       o.opt->add_param(group, param, numel, const_cast<void *>(grad));
   if (!r)
-    fail(r.status(), FLASHOPT_ERROR_INTERNAL, who + ": " + r.error());
+    fail(r.status(), who + ": " + r.error());
   if (piece && elementOffset != 0) {
     // Only a failure to rebuild the tensor table can fail here (the offset
     // was checked above).
     if (Status st = o.opt->set_element_offset(*r, elementOffset); !st)
-      fail(st, FLASHOPT_ERROR_INTERNAL, who + ": " + st.message());
+      fail(st, who + ": " + st.message());
   }
   ParamRec rec;
   rec.name = name;
@@ -224,7 +224,7 @@ void checkGrad(OptObj &o, int64_t index, const void *grad, flashopt_dtype dt,
 void applyGrad(OptObj &o, int64_t index, const void *grad) {
   Status s = o.opt->set_grad(index, const_cast<void *>(grad));
   if (!s)
-    fail(FLASHOPT_ERROR_INTERNAL, o.describe(index) + ": " + s.message());
+    fail(s, o.describe(index) + ": " + s.message());
 }
 
 } // namespace flashopt::capi

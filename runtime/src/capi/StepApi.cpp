@@ -97,9 +97,7 @@ flashopt_status flashopt_get_skipped_steps(flashopt_optimizer opt,
 flashopt_status flashopt_synchronize(flashopt_optimizer opt) {
   return guard("flashopt_synchronize", [&] {
     Locked o(opt);
-    Status s = o->opt->synchronize();
-    if (!s)
-      fail(o->deviceError(), s.message());
+    o->check(o->opt->synchronize());
   });
 }
 

@@ -69,7 +69,7 @@ Status Optimizer::read_accumulator(int64_t tensor, int64_t offset,
                          ab.correctionType, count, out);
     return Status::success();
   } catch (const std::exception &e) {
-    return Status::error(std::string("read_accumulator: ") + e.what());
+    return Status::from_exception(e, "read_accumulator: ");
   }
 }
 
@@ -98,7 +98,7 @@ Status Optimizer::write_accumulator(int64_t tensor, int64_t offset,
     return I.writeElements(size_t(tensor), size_t(ab.correction), offset,
                            count, lo.data());
   } catch (const std::exception &e) {
-    return Status::error(std::string("write_accumulator: ") + e.what());
+    return Status::from_exception(e, "write_accumulator: ");
   }
 }
 
@@ -121,7 +121,7 @@ Status Optimizer::zero_accumulators() {
     }
     return Status::success();
   } catch (const std::exception &e) {
-    return Status::error(std::string("zero_accumulators: ") + e.what());
+    return Status::from_exception(e, "zero_accumulators: ");
   }
 }
 
@@ -141,7 +141,7 @@ Optimizer::accumulators_finite(const std::vector<int64_t> &indices) {
     }
     return true;
   } catch (const std::exception &e) {
-    return Status::error(std::string("accumulators_finite: ") + e.what());
+    return Status::from_exception(e, "accumulators_finite: ");
   }
 }
 
@@ -150,10 +150,11 @@ Optimizer::accumulator_sum_squares(const std::vector<int64_t> &indices) {
   Impl &I = *impl_;
   // The decoded accumulators are host memory: the backend must sum that.
   if (I.backend->memory_is_device() || !I.backend->scans_gradients())
-    return Status::error(std::string("accumulator_sum_squares: the ") +
-                         I.backend->kind() +
-                         " backend does not sum host memory (CPU contexts "
-                         "only)");
+    return Status::error(Code::Unsupported,
+                         std::string("accumulator_sum_squares: the ") +
+                             I.backend->kind() +
+                             " backend does not sum host memory (CPU contexts "
+                             "only)");
   try {
     // Decoded to f32 in host memory, then summed exactly as the gradients
     // of an f32-gradient optimizer would be (Backend::sum_squares).
@@ -171,7 +172,7 @@ Optimizer::accumulator_sum_squares(const std::vector<int64_t> &indices) {
     }
     return I.backend->sum_squares(ranges, DType::F32);
   } catch (const std::exception &e) {
-    return Status::error(std::string("accumulator_sum_squares: ") + e.what());
+    return Status::from_exception(e, "accumulator_sum_squares: ");
   }
 }
 

@@ -35,8 +35,9 @@ Expected<std::shared_ptr<void>> Backend::allocate_scratch(int64_t bytes) {
                                std::default_delete<uint8_t[]>());
     return std::shared_ptr<void>(p, p.get());
   } catch (const std::bad_alloc &) {
-    return Status::error("out of memory allocating " + std::to_string(bytes) +
-                         " bytes of scratch");
+    return Status::error(Code::OutOfMemory, "out of memory allocating " +
+                                                std::to_string(bytes) +
+                                                " bytes of scratch");
   }
 }
 
@@ -58,10 +59,11 @@ Status Optimizer::init(const char *who) {
   try {
     I.hypers = std::make_unique<HyperTable>(*I.m);
   } catch (const std::exception &e) {
-    return Status::error(std::string(who) + ": " + e.what());
+    return Status::from_exception(e, std::string(who) + ": ");
   }
   if (I.hypers->add_slot() < 0)
-    return Status::error(std::string(who) + ": out of memory");
+    return Status::error(Code::OutOfMemory,
+                         std::string(who) + ": out of memory");
   return Status::success();
 }
 
@@ -98,14 +100,17 @@ Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
                                        void *grad) {
   Impl &I = *impl_;
   if (slot < 0 || slot >= I.hypers->num_slots())
-    return Status::error("add_param: param group " + std::to_string(slot) +
-                         " does not exist (there are " +
-                         std::to_string(I.hypers->num_slots()) + ")");
+    return Status::error(Code::InvalidArgument,
+                         "add_param: param group " + std::to_string(slot) +
+                             " does not exist (there are " +
+                             std::to_string(I.hypers->num_slots()) + ")");
   if (!param)
-    return Status::error("add_param: null param pointer");
+    return Status::error(Code::InvalidArgument,
+                         "add_param: null param pointer");
   if (numel <= 0)
-    return Status::error("add_param: numel must be > 0, got " +
-                         std::to_string(numel));
+    return Status::error(Code::InvalidArgument,
+                         "add_param: numel must be > 0, got " +
+                             std::to_string(numel));
   if (Status s = I.backend->check_address("add_param", "param", param); !s)
     return s;
   if (Status s = I.backend->check_address("add_param", "grad", grad); !s)
@@ -145,7 +150,7 @@ Expected<int64_t> Optimizer::add_param(int slot, void *param, int64_t numel,
                          "add_param: out of memory registering a tensor of " +
                          std::to_string(numel) + " elements");
   } catch (const std::exception &e) {
-    return Status::error(std::string("add_param: ") + e.what());
+    return Status::from_exception(e, "add_param: ");
   }
 }
 
@@ -159,7 +164,8 @@ Status Optimizer::set_param(int64_t tensor, void *param) {
   if (Status s = impl_->checkTensor(tensor, "set_param"); !s)
     return s;
   if (!param)
-    return Status::error("set_param: null param pointer");
+    return Status::error(Code::InvalidArgument,
+                         "set_param: null param pointer");
   return repoint(tensor, &TensorInfo::param, param, "set_param", "param");
 }
 
@@ -167,8 +173,9 @@ Status Optimizer::set_element_offset(int64_t tensor, int64_t offset) {
   if (Status s = impl_->checkTensor(tensor, "set_element_offset"); !s)
     return s;
   if (offset < 0)
-    return Status::error("set_element_offset: offset must be >= 0, got " +
-                         std::to_string(offset));
+    return Status::error(Code::InvalidArgument,
+                         "set_element_offset: offset must be >= 0, got " +
+                             std::to_string(offset));
   Impl &I = *impl_;
   TensorInfo &ti = I.tensors[size_t(tensor)];
   if (ti.element_offset != offset) {
@@ -177,7 +184,7 @@ Status Optimizer::set_element_offset(int64_t tensor, int64_t offset) {
     try {
       I.refresh();
     } catch (const std::exception &e) {
-      return Status::error(std::string("set_element_offset: ") + e.what());
+      return Status::from_exception(e, "set_element_offset: ");
     }
   }
   return Status::success();
@@ -196,7 +203,7 @@ Status Optimizer::repoint(int64_t tensor, void *TensorInfo::*field,
     I.repoint(size_t(tensor));
   } catch (const std::exception &e) {
     I.dirty = true;
-    return Status::error(std::string(who) + ": " + e.what());
+    return Status::from_exception(e, std::string(who) + ": ");
   }
   return Status::success();
 }
@@ -219,7 +226,7 @@ Status Optimizer::allocate() {
   try {
     return impl_->prepare();
   } catch (const std::exception &e) {
-    return Status::error(std::string("allocate: ") + e.what());
+    return Status::from_exception(e, "allocate: ");
   }
 }
 
@@ -233,9 +240,10 @@ Expected<BufferView> Optimizer::buffer(int64_t tensor, std::string_view name) {
   size_t b = size_t(*found);
   if (I.releasable(b) && I.released)
     return Status::error(
+        Code::State,
         "buffer \"" + std::string(name) +
-        "\" is not held here: this rank holds only its shard of the "
-        "correction terms and states (sharded data parallelism)");
+            "\" is not held here: this rank holds only its shard of the "
+            "correction terms and states (sharded data parallelism)");
   if (I.runtimeOwned(b))
     if (Status s = allocate(); !s)
       return s;
@@ -257,15 +265,16 @@ Expected<std::vector<uint8_t>> Optimizer::read_buffer(int64_t tensor,
   if (!v)
     return v.status();
   if (!v->data)
-    return Status::error("read_buffer: tensor " + std::to_string(tensor) +
-                         " has no " + std::string(name) + " buffer yet");
+    return Status::error(Code::State, "read_buffer: tensor " +
+                                          std::to_string(tensor) + " has no " +
+                                          std::string(name) + " buffer yet");
   try {
     std::vector<uint8_t> out(size_t(v->bytes));
     if (Status s = impl_->backend->read(v->data, out.data(), v->bytes); !s)
       return s;
     return out;
   } catch (const std::exception &e) {
-    return Status::error(std::string("read_buffer: ") + e.what());
+    return Status::from_exception(e, "read_buffer: ");
   }
 }
 
@@ -275,13 +284,15 @@ Status Optimizer::write_buffer(int64_t tensor, std::string_view name,
   if (!v)
     return v.status();
   if (!v->data)
-    return Status::error("write_buffer: tensor " + std::to_string(tensor) +
-                         " has no " + std::string(name) + " buffer yet");
+    return Status::error(Code::State, "write_buffer: tensor " +
+                                          std::to_string(tensor) + " has no " +
+                                          std::string(name) + " buffer yet");
   if (v->bytes != bytes)
-    return Status::error("write_buffer: buffer " + std::string(name) +
-                         " of tensor " + std::to_string(tensor) + " holds " +
-                         std::to_string(v->bytes) + " bytes, not " +
-                         std::to_string(bytes));
+    return Status::error(Code::InvalidArgument,
+                         "write_buffer: buffer " + std::string(name) +
+                             " of tensor " + std::to_string(tensor) +
+                             " holds " + std::to_string(v->bytes) +
+                             " bytes, not " + std::to_string(bytes));
   return impl_->backend->write(v->data, data, bytes);
 }
 
@@ -294,7 +305,8 @@ Status Optimizer::step() {
   if (Status s = I.hypers->check_complete(); !s)
     return s;
   if (I.released)
-    return Status::error("step: the correction terms and states were "
+    return Status::error(Code::State,
+                         "step: the correction terms and states were "
                          "released (sharded data parallelism steps the "
                          "shards)");
   int64_t t = I.t + 1;
@@ -316,7 +328,7 @@ Status Optimizer::step() {
         !s)
       return s;
   } catch (const std::exception &e) {
-    return Status::error(std::string("step: ") + e.what());
+    return Status::from_exception(e, "step: ");
   }
   I.t = t;
   return Status::success();
@@ -325,9 +337,11 @@ Status Optimizer::step() {
 Status Optimizer::accumulate_tensors(const std::vector<int64_t> &indices) {
   if (!impl_->m->accumulator)
     return Status::error(
+        Code::Unsupported,
         "accumulate: " + impl_->m->name +
-        " has no gradient accumulator (its spec has no \"accumulator\"; add "
-        "\"accumulator\": \"f32\" and regenerate it, docs/SPEC.md)");
+            " has no gradient accumulator (its spec has no \"accumulator\"; "
+            "add "
+            "\"accumulator\": \"f32\" and regenerate it, docs/SPEC.md)");
   return step_tensors(indices, 1, abi::KernelKind::Accumulate);
 }
 
@@ -335,9 +349,10 @@ Status Optimizer::step_tensors(const std::vector<int64_t> &indices, int64_t t,
                                abi::KernelKind kernel) {
   Impl &I = *impl_;
   if (kernel != abi::KernelKind::Step && !I.m->accumulator)
-    return Status::error(std::string("step: ") + I.m->name + " has no " +
-                         abi::kernel_kind_name(kernel) +
-                         " kernel (no gradient accumulator)");
+    return Status::error(Code::Unsupported,
+                         std::string("step: ") + I.m->name + " has no " +
+                             abi::kernel_kind_name(kernel) +
+                             " kernel (no gradient accumulator)");
   if (Status s = check_step_indices(I.tensors, indices); !s)
     return s;
   if (Status s = I.hypers->check_complete(); !s)
@@ -345,7 +360,8 @@ Status Optimizer::step_tensors(const std::vector<int64_t> &indices, int64_t t,
   if (indices.empty())
     return Status::success();
   if (I.released && kernel != abi::KernelKind::Accumulate)
-    return Status::error("step: the correction terms and states were "
+    return Status::error(Code::State,
+                         "step: the correction terms and states were "
                          "released (sharded data parallelism steps the "
                          "shards)");
   try {
@@ -388,7 +404,7 @@ Status Optimizer::step_tensors(const std::vector<int64_t> &indices, int64_t t,
       I.hypers->note_step(); // the envelopes take this step's values
     return I.backend->launch(r, I.table, I.tableGeneration, *I.hypers);
   } catch (const std::exception &e) {
-    return Status::error(std::string("step: ") + e.what());
+    return Status::from_exception(e, "step: ");
   }
 }
 
@@ -405,7 +421,7 @@ Expected<bool> Optimizer::grads_finite(const std::vector<int64_t> &indices) {
     }
     return I.backend->all_finite(ranges, I.m->grad);
   } catch (const std::exception &e) {
-    return Status::error(std::string("grads_finite: ") + e.what());
+    return Status::from_exception(e, "grads_finite: ");
   }
 }
 
@@ -416,14 +432,15 @@ Optimizer::grad_sum_squares(const std::vector<int64_t> &indices) {
     std::vector<ScanRange> ranges;
     for (int64_t i : indices) {
       if (i < 0 || i >= int64_t(I.tensors.size()))
-        return Status::error("grad_sum_squares: no tensor " +
-                             std::to_string(i));
+        return Status::error(Code::InvalidArgument,
+                             "grad_sum_squares: no tensor " +
+                                 std::to_string(i));
       const TensorInfo &ti = I.tensors[size_t(i)];
       ranges.push_back({ti.grad, ti.grad ? ti.numel : 0});
     }
     return I.backend->sum_squares(ranges, I.m->grad);
   } catch (const std::exception &e) {
-    return Status::error(std::string("grad_sum_squares: ") + e.what());
+    return Status::from_exception(e, "grad_sum_squares: ");
   }
 }
 

@@ -126,8 +126,9 @@ struct Optimizer::Impl {
 
   Status checkTensor(int64_t tensor, const char *who) const {
     if (tensor < 0 || tensor >= int64_t(tensors.size()))
-      return Status::error(std::string(who) + ": no tensor " +
-                           std::to_string(tensor));
+      return Status::error(Code::InvalidArgument, std::string(who) +
+                                                      ": no tensor " +
+                                                      std::to_string(tensor));
     return Status::success();
   }
 
@@ -138,10 +139,11 @@ struct Optimizer::Impl {
       return s;
     const int64_t numel = tensors[size_t(tensor)].numel;
     if (offset < 0 || count < 0 || offset > numel - count)
-      return Status::error(std::string(who) + ": " + std::to_string(count) +
-                           " elements at offset " + std::to_string(offset) +
-                           " do not fit tensor " + std::to_string(tensor) +
-                           " (" + std::to_string(numel) + " elements)");
+      return Status::error(Code::InvalidArgument,
+                           std::string(who) + ": " + std::to_string(count) +
+                               " elements at offset " + std::to_string(offset) +
+                               " do not fit tensor " + std::to_string(tensor) +
+                               " (" + std::to_string(numel) + " elements)");
     return Status::success();
   }
 
@@ -151,8 +153,9 @@ struct Optimizer::Impl {
   Status checkAccumulator(int64_t tensor, int64_t offset, int64_t count,
                           const char *who) {
     if (!m->accumulator)
-      return Status::error(std::string(who) + ": " + m->name +
-                           " has no gradient accumulator");
+      return Status::error(Code::Unsupported,
+                           std::string(who) + ": " + m->name +
+                               " has no gradient accumulator");
     if (Status s = checkElements(tensor, offset, count, who); !s)
       return s;
     return prepare();

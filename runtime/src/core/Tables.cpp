@@ -21,9 +21,10 @@ Status HyperTable::check_manifest(const Manifest &m) {
         continue; // the parser guarantees it exists
       const HyperSpec &hs = m.hypers[size_t(h)];
       if (hs.default_value && *hs.default_value != 0.0f)
-        return Status::error(m.path + ": state \"" + s.name +
-                             "\" is elided, but hyper-parameter \"" + hs.name +
-                             "\" defaults to a nonzero value");
+        return Status::error(Code::Format,
+                             m.path + ": state \"" + s.name +
+                                 "\" is elided, but hyper-parameter \"" +
+                                 hs.name + "\" defaults to a nonzero value");
     }
   return Status::success();
 }
@@ -47,16 +48,18 @@ int HyperTable::add_slot() {
 
 Status HyperTable::check(int slot, std::string_view name, int *index) const {
   if (slot < 0 || slot >= slots_)
-    return Status::error("param group " + std::to_string(slot) +
-                         " does not exist (there are " +
-                         std::to_string(slots_) + ")");
+    return Status::error(Code::InvalidArgument,
+                         "param group " + std::to_string(slot) +
+                             " does not exist (there are " +
+                             std::to_string(slots_) + ")");
   int h = m_->hyper_index(name);
   if (h < 0) {
     std::string names;
     for (const HyperSpec &s : m_->hypers)
       names += (names.empty() ? "" : ", ") + s.name;
-    return Status::error("unknown hyper-parameter \"" + std::string(name) +
-                         "\" for " + m_->name + " (known: " + names + ")");
+    return Status::error(Code::InvalidArgument,
+                         "unknown hyper-parameter \"" + std::string(name) +
+                             "\" for " + m_->name + " (known: " + names + ")");
   }
   *index = h;
   return Status::success();
@@ -99,15 +102,17 @@ Status HyperTable::restore(int slot, std::string_view name,
   }
   const float value = *maybe;
   if (!std::isfinite(value))
-    return Status::error("hyper-parameter \"" + std::string(name) +
-                         "\" must be finite");
+    return Status::error(Code::InvalidArgument, "hyper-parameter \"" +
+                                                    std::string(name) +
+                                                    "\" must be finite");
   if (value != 0.0f)
     for (const StateSpec &st : m_->states)
       if (st.kind == StateKind::Elided && st.elidable_if_zero == name)
-        return Status::error("hyper-parameter \"" + std::string(name) +
-                             "\" must stay 0 in " + m_->name +
-                             ": its state \"" + st.name +
-                             "\" is elided (compile a spec that keeps it)");
+        return Status::error(Code::InvalidArgument,
+                             "hyper-parameter \"" + std::string(name) +
+                                 "\" must stay 0 in " + m_->name +
+                                 ": its state \"" + st.name +
+                                 "\" is elided (compile a spec that keeps it)");
   size_t i = size_t(slot) * m_->hypers.size() + size_t(h);
   // Compare bits: a plain re-set of the same value is not a change.
   bool same = given_[i] && std::memcmp(&values_[i], &value, sizeof value) == 0;
@@ -269,9 +274,10 @@ BytesReport compute_bytes_report(const Manifest &m,
 
 namespace {
 Status missing_grad(const std::vector<TensorInfo> &tensors, size_t i) {
-  return Status::error("step: tensor " + std::to_string(i) + " (numel " +
-                       std::to_string(tensors[i].numel) +
-                       ") has no gradient (add_param/set_grad)");
+  return Status::error(Code::State,
+                       "step: tensor " + std::to_string(i) + " (numel " +
+                           std::to_string(tensors[i].numel) +
+                           ") has no gradient (add_param/set_grad)");
 }
 } // namespace
 
@@ -288,10 +294,12 @@ Status check_step_indices(const std::vector<TensorInfo> &tensors,
   for (size_t k = 0; k < indices.size(); ++k) {
     int64_t i = indices[k];
     if (i < 0 || i >= n)
-      return Status::error("step_tensors: no tensor " + std::to_string(i) +
-                           " (there are " + std::to_string(n) + ")");
+      return Status::error(Code::InvalidArgument,
+                           "step_tensors: no tensor " + std::to_string(i) +
+                               " (there are " + std::to_string(n) + ")");
     if (k > 0 && i <= indices[k - 1])
-      return Status::error("step_tensors: tensor indices must be ascending "
+      return Status::error(Code::InvalidArgument,
+                           "step_tensors: tensor indices must be ascending "
                            "and distinct");
     if (!tensors[size_t(i)].grad)
       return missing_grad(tensors, size_t(i));

@@ -220,8 +220,9 @@ public:
     std::vector<Chunk> cs = chunks(r.group_end - r.group_begin, firsts);
     KernelFn fn = bundle_->fn(r.kernel);
     if (!fn)
-      return Status::error(std::string("step: ") + m_->name + " has no " +
-                           abi::kernel_kind_name(r.kernel) + " kernel");
+      return Status::error(Code::Unsupported,
+                           std::string("step: ") + m_->name + " has no " +
+                               abi::kernel_kind_name(r.kernel) + " kernel");
     const float *h = hypers.values().data();
     const int64_t n = r.num_records, t = r.step, base = r.group_begin;
     if (cs.size() == 1 || !pool_) {
@@ -325,7 +326,8 @@ Expected<std::unique_ptr<CpuOptimizer>>
 CpuOptimizer::create(std::shared_ptr<CpuBundle> bundle,
                      const CpuOptimizerOptions &opts) {
   if (!bundle)
-    return Status::error("CpuOptimizer::create: null bundle");
+    return Status::error(Code::InvalidArgument,
+                         "CpuOptimizer::create: null bundle");
   return create_over<CpuOptimizer, CpuBackend>("CpuOptimizer::create",
                                                std::move(bundle), opts);
 }
@@ -355,16 +357,21 @@ int CpuOptimizer::threads() const { return cpu_->threads(); }
 
 Status CpuOptimizer::set_threads(int n) {
   if (n < 0 || n > kMaxCpuThreads)
-    return Status::error("set_threads: threads must be in [0, " +
-                         std::to_string(kMaxCpuThreads) +
-                         "] (0 = all hardware threads), got " +
-                         std::to_string(n));
+    return Status::error(Code::InvalidArgument,
+                         "set_threads: threads must be in [0, " +
+                             std::to_string(kMaxCpuThreads) +
+                             "] (0 = all hardware threads), got " +
+                             std::to_string(n));
   try {
     cpu_->setThreads(n);
   } catch (const std::exception &e) {
     cpu_->singleThreaded();
-    return Status::error(std::string("set_threads: cannot start threads: ") +
-                         e.what() + " (running on the calling thread only)");
+    // std::system_error (EAGAIN: no more threads) or std::bad_alloc.
+    return Status::error(
+        dynamic_cast<const std::bad_alloc *>(&e) ? Code::OutOfMemory
+                                                 : Code::Internal,
+        std::string("set_threads: cannot start threads: ") + e.what() +
+            " (running on the calling thread only)");
   }
   return Status::success();
 }

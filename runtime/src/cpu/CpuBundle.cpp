@@ -19,6 +19,7 @@
 #include <dlfcn.h>
 #include <exception>
 #include <filesystem>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -80,16 +81,19 @@ Status check_kernel_abi(const Manifest &m, void *handle, const KernelEntry &k,
   std::string abiSymbol = k.symbol + abi::kKernelAbiSymbolSuffix;
   const char *desc = static_cast<const char *>(dlsym(handle, abiSymbol.c_str()));
   if (!desc)
-    return Status::error(mpath + ": kernel " + quote(k.file) +
-                         " has no ABI description (symbol " + quote(abiSymbol) +
-                         "); rebuild the bundle with this flashopt-gen");
+    return Status::error(Code::Format,
+                         mpath + ": kernel " + quote(k.file) +
+                             " has no ABI description (symbol " +
+                             quote(abiSymbol) +
+                             "); rebuild the bundle with this flashopt-gen");
   std::string have(desc, strnlen(desc, 65536));
   std::string expected = abi::kernel_abi_description(m);
   if (expected != have)
-    return Status::error(mpath + ": the manifest disagrees with kernel " +
-                         quote(k.file) + ": the kernel was compiled for \"" +
-                         have + "\" but the manifest describes \"" + expected +
-                         "\"");
+    return Status::error(
+        Code::Format, mpath + ": the manifest disagrees with kernel " +
+                          quote(k.file) + ": the kernel was compiled for \"" +
+                          have + "\" but the manifest describes \"" + expected +
+                          "\"");
   return Status::success();
 }
 
@@ -127,11 +131,11 @@ select_cpu_kernel(const Manifest &m, std::string_view forced,
         continue;
       }
       if (std::string missing = lacks(i); !missing.empty())
-        return Status::error(where + ": the " + quote(std::string(forced)) +
-                             " kernel (requested by " +
-                             std::string(forced_from) +
-                             ") needs CPU features this host lacks: " +
-                             missing);
+        return Status::error(
+            Code::Unsupported,
+            where + ": the " + quote(std::string(forced)) +
+                " kernel (requested by " + std::string(forced_from) +
+                ") needs CPU features this host lacks: " + missing);
       return i;
     }
     return Status::error(Code::Unsupported,
@@ -169,16 +173,22 @@ Status CpuBundle::loadKernel(const KernelEntry &k, bool checkAbi,
   *handle = dlopen(kernelPath(k).c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!*handle) {
     const char *e = dlerror();
-    return Status::error(mpath + ": cannot load kernel " + quote(k.file) +
-                         " (cpu " + k.cpu + "): " + (e ? e : "dlopen failed"));
+    // A kernel that cannot be read is Io; one that can but does not load
+    // (not a shared object, another architecture) is a malformed bundle.
+    const bool readable = ::access(kernelPath(k).c_str(), R_OK) == 0;
+    return Status::error(readable ? Code::Format : Code::Io,
+                         mpath + ": cannot load kernel " + quote(k.file) +
+                             " (cpu " + k.cpu +
+                             "): " + (e ? e : "dlopen failed"));
   }
   dlerror();
   void *sym = dlsym(*handle, k.symbol.c_str());
   if (!sym) {
     const char *e = dlerror();
-    return Status::error(mpath + ": kernel " + quote(k.file) +
-                         " has no symbol " + quote(k.symbol) +
-                         (e ? std::string(" (") + e + ")" : std::string()));
+    return Status::error(Code::Format,
+                         mpath + ": kernel " + quote(k.file) +
+                             " has no symbol " + quote(k.symbol) +
+                             (e ? std::string(" (") + e + ")" : std::string()));
   }
   // The kernel's own description of what it reads (flashopt-gen emits it
   // next to the kernel): a manifest that disagrees with it (fewer
@@ -227,11 +237,12 @@ CpuBundle::load(const std::string &dir, const CpuLoadOptions &opts) {
           continue;
         const KernelEntry *e = b->manifest_.find_kernel(kind, "cpu", k.cpu);
         if (!e)
-          return Status::error(dir + "/manifest.json: field 'kernels': no " +
-                               abi::kernel_kind_name(kind) +
-                               " kernel for cpu " + quote(k.cpu) +
-                               " (a bundle with an accumulator has one per "
-                               "flavour)");
+          return Status::error(Code::Format,
+                               dir + "/manifest.json: field 'kernels': no " +
+                                   abi::kernel_kind_name(kind) +
+                                   " kernel for cpu " + quote(k.cpu) +
+                                   " (a bundle with an accumulator has one per "
+                                   "flavour)");
         void *h = nullptr;
         Status s = b->loadKernel(*e, opts.check_kernel_abi, &h,
                                  &b->extra_fns_[size_t(kind)]);
@@ -242,7 +253,7 @@ CpuBundle::load(const std::string &dir, const CpuLoadOptions &opts) {
       }
     return Expected<std::shared_ptr<CpuBundle>>(std::move(b));
   } catch (const std::exception &e) {
-    return Status::error(dir + ": " + e.what());
+    return Status::from_exception(e, dir + ": ");
   }
 }
 

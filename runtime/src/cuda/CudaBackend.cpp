@@ -113,9 +113,10 @@ public:
     uint64_t p = uint64_t(reinterpret_cast<uintptr_t>(address));
     if (p % 16 == 0)
       return Status::success();
-    return Status::error(std::string(who) + ": " + what + " address " + hex(p) +
-                         " is not 16-byte aligned (GPU kernels use 128-bit "
-                         "accesses)");
+    return Status::error(Code::InvalidArgument,
+                         std::string(who) + ": " + what + " address " + hex(p) +
+                             " is not 16-byte aligned (GPU kernels use 128-bit "
+                             "accesses)");
   }
   int64_t max_record_elements() const override { return maxRecord_; }
 
@@ -196,16 +197,19 @@ public:
                 uint64_t tableGeneration, const HyperTable &hypers) override {
     CUfunction fn = bundle_->function(r.kernel);
     if (!fn)
-      return Status::error(m_->name + " has no " +
-                           abi::kernel_kind_name(r.kernel) +
-                           " kernel loaded (no accumulator in its spec)");
+      return Status::error(Code::Unsupported,
+                           m_->name + " has no " +
+                               abi::kernel_kind_name(r.kernel) +
+                               " kernel loaded (no accumulator in its spec)");
     const int64_t blk = block();
     const int64_t grd = grid(r.group_end - r.group_begin, r.kernel);
     // The kernels take group_begin/end and the grid-stride index in 32 bits.
     if (r.group_end + grd * blk > std::numeric_limits<int32_t>::max())
-      return Status::error("step: " + std::to_string(r.group_end) +
-                           " groups are more than one launch of this kernel "
-                           "can index (2^31 - 1 minus one grid stride)");
+      return Status::error(
+          Code::Unsupported,
+          "step: " + std::to_string(r.group_end) +
+              " groups are more than one launch of this kernel "
+              "can index (2^31 - 1 minus one grid stride)");
     CudaContext::Scope scope(*ctx_);
     if (!scope.ok())
       return scope.status();
@@ -252,13 +256,15 @@ public:
   }
 
   Expected<bool> all_finite(const std::vector<ScanRange> &, DType) override {
-    return Status::error("scanning gradients for NaN/Inf is not supported on "
+    return Status::error(Code::Unsupported,
+                         "scanning gradients for NaN/Inf is not supported on "
                          "CUDA yet (it needs a device-side scan)");
   }
 
   Expected<std::vector<double>> sum_squares(const std::vector<ScanRange> &,
                                             DType) override {
-    return Status::error("gradient norms are not computed on CUDA yet (it "
+    return Status::error(Code::Unsupported,
+                         "gradient norms are not computed on CUDA yet (it "
                          "needs a device-side reduction)");
   }
 
@@ -367,7 +373,8 @@ Expected<std::unique_ptr<CudaOptimizer>>
 CudaOptimizer::create(std::shared_ptr<CudaBundle> bundle,
                       const CudaOptimizerOptions &opts) {
   if (!bundle)
-    return Status::error("CudaOptimizer::create: null bundle");
+    return Status::error(Code::InvalidArgument,
+                         "CudaOptimizer::create: null bundle");
   return create_over<CudaOptimizer, CudaBackend>("CudaOptimizer::create",
                                                  std::move(bundle), opts);
 }

@@ -111,13 +111,14 @@ select_gpu_kernel(const Manifest &m, int cc_major, int cc_minor,
   parse_sm_target(k.target, &c.chip, nullptr);
   c.symbol = k.symbol;
   if (c.symbol.empty())
-    return Status::error(where + ": the " + k.target + " kernel has no symbol");
+    return Status::error(Code::Format,
+                         where + ": the " + k.target + " kernel has no symbol");
   c.threads_per_block = k.threads_per_block > 0 ? k.threads_per_block : 256;
   if (c.threads_per_block != 256)
-    return Status::error(where + ": the " + k.target +
-                         " kernel was built for " +
-                         std::to_string(c.threads_per_block) +
-                         " threads per block; this runtime launches 256");
+    return Status::error(
+        Code::Format, where + ": the " + k.target + " kernel was built for " +
+                          std::to_string(c.threads_per_block) +
+                          " threads per block; this runtime launches 256");
   c.elements_per_thread = k.elements_per_thread;
   return c;
 }
@@ -159,9 +160,12 @@ std::string joinPath(const std::string &dir, const std::string &file) {
 Expected<std::string> readFile(const std::string &path) {
   // PTX and cubins are a few MiB; 1 GiB bounds a mistaken or endless file.
   std::string text, reason;
-  if (abi::read_regular_file(path, uint64_t(1) << 30, text, reason) !=
-      abi::FileError::None)
-    return Status::error(path + ": " + reason);
+  abi::FileError e =
+      abi::read_regular_file(path, uint64_t(1) << 30, text, reason);
+  if (e != abi::FileError::None)
+    return Status::error(e == abi::FileError::TooLarge ? Code::Format
+                                                       : Code::Io,
+                         path + ": " + reason);
   return text;
 }
 
@@ -178,7 +182,8 @@ std::string trimLog(const char *log) {
 Expected<std::shared_ptr<CudaBundle>>
 CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
   if (!ctx)
-    return Status::error("CudaBundle::load: null context");
+    return Status::error(Code::InvalidArgument,
+                         "CudaBundle::load: null context");
   try {
     Expected<Manifest> m = load_manifest(dir + "/manifest.json");
     if (!m)
@@ -213,16 +218,19 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
       // disagrees with it is refused before anything is loaded or run.
       std::optional<std::string> have = abi::find_kernel_abi_description(*bytes);
       if (!have)
-        return Status::error(dir + "/manifest.json: kernel \"" + file +
-                             "\" has no ABI description; rebuild the bundle "
-                             "with this flashopt-gen");
+        return Status::error(
+            Code::Format, dir + "/manifest.json: kernel \"" + file +
+                              "\" has no ABI description; rebuild the bundle "
+                              "with this flashopt-gen");
       std::string expected = abi::kernel_abi_description(b->manifest_);
       if (*have != expected)
-        return Status::error(dir + "/manifest.json: the manifest disagrees "
-                             "with kernel \"" + file +
-                             "\": the kernel was compiled for \"" + *have +
-                             "\" but the manifest describes \"" + expected +
-                             "\"");
+        return Status::error(Code::Format,
+                             dir +
+                                 "/manifest.json: the manifest disagrees "
+                                 "with kernel \"" +
+                                 file + "\": the kernel was compiled for \"" +
+                                 *have + "\" but the manifest describes \"" +
+                                 expected + "\"");
       if (ptx)
         bytes->push_back('\0');
       static constexpr size_t kLog = 16384;
@@ -303,15 +311,17 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
           continue;
         const KernelEntry *e = man.find_kernel(kind, c.target);
         if (!e)
-          return Status::error(dir + "/manifest.json: field 'kernels': no " +
-                               std::string(abi::kernel_kind_name(kind)) +
-                               " kernel for " + c.target +
-                               " (a bundle with an accumulator has one per "
-                               "target)");
+          return Status::error(Code::Format,
+                               dir + "/manifest.json: field 'kernels': no " +
+                                   std::string(abi::kernel_kind_name(kind)) +
+                                   " kernel for " + c.target +
+                                   " (a bundle with an accumulator has one per "
+                                   "target)");
         if (e->symbol.empty())
-          return Status::error(dir + "/manifest.json: the " + c.target + " " +
-                               abi::kernel_kind_name(kind) +
-                               " kernel has no symbol");
+          return Status::error(Code::Format, dir + "/manifest.json: the " +
+                                                 c.target + " " +
+                                                 abi::kernel_kind_name(kind) +
+                                                 " kernel has no symbol");
         std::string what;
         if (Status s = loadKernel(*e, kind, &what); !s)
           return s;
@@ -319,7 +329,7 @@ CudaBundle::load(std::shared_ptr<CudaContext> ctx, const std::string &dir) {
     }
     return Expected<std::shared_ptr<CudaBundle>>(std::move(b));
   } catch (const std::exception &e) {
-    return Status::error(dir + ": " + e.what());
+    return Status::from_exception(e, dir + ": ");
   }
 }
 

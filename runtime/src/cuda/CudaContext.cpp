@@ -32,12 +32,14 @@ Expected<std::shared_ptr<CudaContext>> CudaContext::create(const CudaDriver &d,
     if (!s)
       return s;
     if (count == 0)
-      return Status::error("CUDA was requested but the driver reports no "
+      return Status::error(Code::Device,
+                           "CUDA was requested but the driver reports no "
                            "CUDA device");
     if (ordinal < 0 || ordinal >= count)
-      return Status::error("CUDA device " + std::to_string(ordinal) +
-                           " does not exist (there are " +
-                           std::to_string(count) + ")");
+      return Status::error(Code::Device, "CUDA device " +
+                                             std::to_string(ordinal) +
+                                             " does not exist (there are " +
+                                             std::to_string(count) + ")");
     std::shared_ptr<CudaContext> c(new CudaContext());
     c->driver_ = &d;
     CudaDeviceInfo &info = c->info_;
@@ -72,7 +74,7 @@ Expected<std::shared_ptr<CudaContext>> CudaContext::create(const CudaDriver &d,
       return s;
     return Expected<std::shared_ptr<CudaContext>>(std::move(c));
   } catch (const std::exception &e) {
-    return Status::error(std::string("CudaContext::create: ") + e.what());
+    return Status::from_exception(e, "CudaContext::create: ");
   }
 }
 
@@ -163,7 +165,8 @@ Status CudaContext::download(void *dst, CUdeviceptr src, int64_t bytes) const {
 Expected<DeviceBuffer> DeviceBuffer::allocate(std::shared_ptr<CudaContext> ctx,
                                               int64_t bytes) {
   if (!ctx)
-    return Status::error("DeviceBuffer::allocate: null context");
+    return Status::error(Code::InvalidArgument,
+                         "DeviceBuffer::allocate: null context");
   Expected<CUdeviceptr> p = ctx->allocate(bytes);
   if (!p)
     return p.status();
@@ -196,15 +199,19 @@ void DeviceBuffer::reset() {
 
 Status DeviceBuffer::upload(const void *src, int64_t bytes) const {
   if (!ctx_ || bytes > bytes_)
-    return Status::error("DeviceBuffer::upload: " + std::to_string(bytes) +
-                         " bytes into a buffer of " + std::to_string(bytes_));
+    return Status::error(Code::InvalidArgument,
+                         "DeviceBuffer::upload: " + std::to_string(bytes) +
+                             " bytes into a buffer of " +
+                             std::to_string(bytes_));
   return ctx_->upload(ptr_, src, bytes);
 }
 
 Status DeviceBuffer::download(void *dst, int64_t bytes) const {
   if (!ctx_ || bytes > bytes_)
-    return Status::error("DeviceBuffer::download: " + std::to_string(bytes) +
-                         " bytes from a buffer of " + std::to_string(bytes_));
+    return Status::error(Code::InvalidArgument,
+                         "DeviceBuffer::download: " + std::to_string(bytes) +
+                             " bytes from a buffer of " +
+                             std::to_string(bytes_));
   return ctx_->download(dst, ptr_, bytes);
 }
 

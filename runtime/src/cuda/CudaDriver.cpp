@@ -38,8 +38,9 @@ CudaDriver::load(const std::string &library) {
     if (!h) {
       const char *e = dlerror();
       return Status::error(
+          Code::Device,
           "CUDA was requested but the NVIDIA driver library " + library +
-          " could not be loaded: " + (e ? e : "dlopen failed"));
+              " could not be loaded: " + (e ? e : "dlopen failed"));
     }
     std::unique_ptr<CudaDriver> d(new CudaDriver());
     d->handle_ = h;
@@ -53,24 +54,25 @@ CudaDriver::load(const std::string &library) {
   d->name = reinterpret_cast<PFN_##name>(resolve(symbol, fallback));           \
   if (!d->name) {                                                              \
     dlclose(h);                                                                \
-    return Status::error("CUDA was requested but the NVIDIA driver library " + \
-                         library + " lacks the entry point " + symbol +        \
-                         " (a driver older than this runtime supports?)");     \
+    return Status::error(Code::Device,                                         \
+                         "CUDA was requested but the NVIDIA driver library " + \
+                             library + " lacks the entry point " + symbol +    \
+                             " (a driver older than this runtime supports?)"); \
   }
 #include "flashopt/host/CudaDriverFunctions.def"
     CUresult r = d->cuInit(0);
     if (r != CUDA_SUCCESS) {
       std::string why = d->describe(r);
       dlclose(h);
-      return Status::error("CUDA was requested but the NVIDIA driver (" +
-                           library +
-                           ") could not be initialized: cuInit: " + why);
+      return Status::error(
+          Code::Device, "CUDA was requested but the NVIDIA driver (" + library +
+                            ") could not be initialized: cuInit: " + why);
     }
     if (d->cuDriverGetVersion(&d->version_) != CUDA_SUCCESS)
       d->version_ = 0;
     return Expected<std::unique_ptr<CudaDriver>>(std::move(d));
   } catch (const std::exception &e) {
-    return Status::error(std::string("CUDA driver: ") + e.what());
+    return Status::from_exception(e, "CUDA driver: ");
   }
 }
 
@@ -109,7 +111,9 @@ std::string CudaDriver::describe(CUresult r) const {
 Status CudaDriver::check(CUresult r, const std::string &what) const {
   if (r == CUDA_SUCCESS)
     return Status::success();
-  return Status::error(Code::Cuda, what + ": " + describe(r));
+  return Status::error(r == CUDA_ERROR_OUT_OF_MEMORY ? Code::OutOfMemory
+                                                     : Code::Cuda,
+                       what + ": " + describe(r));
 }
 
 } // namespace flashopt::host

@@ -110,20 +110,22 @@ Status DataParallel::reduce_accumulator_bucket(Optimizer &opt, int bi) {
 
 Status DataParallel::reduce_accumulators(Optimizer &opt) {
   if (!opt.manifest().accumulator)
-    return Status::error("reduce_accumulators: " + opt.manifest().name +
-                         " has no gradient accumulator");
+    return Status::error(Code::Unsupported,
+                         "reduce_accumulators: " + opt.manifest().name +
+                             " has no gradient accumulator");
   try {
     for (size_t b = 0; b < buckets_.size(); ++b) {
       if (reduced_[b])
-        return Status::error("bucket " + std::to_string(b) +
-                             " was reduced as gradients for this step, but "
-                             "the step reduces the accumulators");
+        return Status::error(Code::State,
+                             "bucket " + std::to_string(b) +
+                                 " was reduced as gradients for this step, but "
+                                 "the step reduces the accumulators");
       if (Status s = reduce_accumulator_bucket(opt, int(b)); !s)
         return s;
     }
     return Status::success();
   } catch (const std::exception &e) {
-    return Status::error(std::string("reduce_accumulators: ") + e.what());
+    return Status::from_exception(e, "reduce_accumulators: ");
   }
 }
 

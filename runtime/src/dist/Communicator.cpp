@@ -23,19 +23,23 @@ Communicator::~Communicator() {
 Expected<std::shared_ptr<Communicator>>
 Communicator::create(const flashopt_comm_backend &b) {
   if (b.abi_version != FLASHOPT_ABI_VERSION)
-    return Status::error("the backend was built for ABI version " +
-                         std::to_string(b.abi_version) + ", this library is " +
-                         std::to_string(FLASHOPT_ABI_VERSION));
+    return Status::error(Code::InvalidArgument,
+                         "the backend was built for ABI version " +
+                             std::to_string(b.abi_version) +
+                             ", this library is " +
+                             std::to_string(FLASHOPT_ABI_VERSION));
   if (b.size < 1 || b.rank < 0 || b.rank >= b.size)
-    return Status::error("rank " + std::to_string(b.rank) + " of size " +
-                         std::to_string(b.size) + " is not a valid rank");
+    return Status::error(Code::InvalidArgument,
+                         "rank " + std::to_string(b.rank) + " of size " +
+                             std::to_string(b.size) + " is not a valid rank");
   const char *missing = !b.all_gather   ? "all_gather"
                         : !b.all_to_all ? "all_to_all"
                         : !b.broadcast  ? "broadcast"
                                         : nullptr;
   if (missing)
-    return Status::error(std::string("the backend has no ") + missing +
-                         " function");
+    return Status::error(Code::InvalidArgument,
+                         std::string("the backend has no ") + missing +
+                             " function");
   return std::shared_ptr<Communicator>(new Communicator(b));
 }
 
@@ -44,8 +48,9 @@ Status Communicator::check(int code, const char *what) const {
     return Status::success();
   const char *text = b_.error_string ? b_.error_string(b_.self, code) : nullptr;
   return Status::error(
+      Code::Comm,
       name_ + " " + what + " failed on rank " + std::to_string(b_.rank) + ": " +
-      (text ? std::string(text) : "error " + std::to_string(code)));
+          (text ? std::string(text) : "error " + std::to_string(code)));
 }
 
 Status Communicator::all_gather(const void *send, void *recv, size_t bytes) {
@@ -63,7 +68,8 @@ Status Communicator::broadcast(void *buf, size_t bytes, int root) {
 Status Communicator::reduce_scatter_f32(const float *send, float *recv,
                                         size_t count) {
   if (!b_.reduce_scatter_f32)
-    return Status::error(name_ + " has no reduce_scatter_f32");
+    return Status::error(Code::Unsupported,
+                         name_ + " has no reduce_scatter_f32");
   return check(b_.reduce_scatter_f32(b_.self, send, recv, count),
                "reduce_scatter_f32");
 }
@@ -73,7 +79,8 @@ Status Communicator::reduce_mean_device(void *const *pieces,
                                         size_t num_pieces, int32_t dtype,
                                         int32_t mode) {
   if (!b_.reduce_mean_device)
-    return Status::error(name_ + " has no reduce_mean_device");
+    return Status::error(Code::Unsupported,
+                         name_ + " has no reduce_mean_device");
   return check(
       b_.reduce_mean_device(b_.self, pieces, counts, num_pieces, dtype, mode),
       "reduce_mean_device");

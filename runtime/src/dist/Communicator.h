@@ -26,6 +26,7 @@
 
 namespace flashopt::dist {
 
+using host::Code;
 using host::Expected;
 using host::Status;
 

@@ -167,11 +167,11 @@ DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
       if (!s)
         return s.prefixed("sharding: ");
       if (*bad)
-        return Status::error("sharding failed on another rank");
+        return Status::error(Code::Comm, "sharding failed on another rank");
     }
     return dp;
   } catch (const std::exception &e) {
-    return Status::error(std::string("attach: ") + e.what());
+    return Status::from_exception(e, "attach: ");
   }
 }
 
@@ -200,9 +200,10 @@ Status DataParallel::reduceOnDevice(Optimizer &opt, const Bucket &bk) {
 
 Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
   if (bi < 0 || bi >= int(buckets_.size()))
-    return Status::error("bucket " + std::to_string(bi) +
-                         " does not exist (there are " +
-                         std::to_string(buckets_.size()) + ")");
+    return Status::error(Code::InvalidArgument,
+                         "bucket " + std::to_string(bi) +
+                             " does not exist (there are " +
+                             std::to_string(buckets_.size()) + ")");
   if (reduced_[size_t(bi)])
     return Status::error(Code::State, "bucket " + std::to_string(bi) +
                                           " was already reduced for this step");
@@ -293,7 +294,7 @@ Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
     reduced_[size_t(bi)] = true;
     return Status::success();
   } catch (const std::exception &e) {
-    return Status::error(std::string("reduce_bucket: ") + e.what());
+    return Status::from_exception(e, "reduce_bucket: ");
   }
 }
 

@@ -62,7 +62,8 @@ Status syncHypers(Optimizer &from, Optimizer &to) {
   const Manifest &m = from.manifest();
   while (to.num_param_groups() < from.num_param_groups())
     if (to.add_param_group() < 0)
-      return Status::error("out of memory adding a param group");
+      return Status::error(Code::OutOfMemory,
+                           "out of memory adding a param group");
   for (int g = 0; g < from.num_param_groups(); ++g)
     for (size_t hi = 0; hi < m.hypers.size(); ++hi) {
       const auto &h = m.hypers[hi];
@@ -263,7 +264,7 @@ Status DataParallel::reduce_sharded(Optimizer &opt, int bi) {
                : g.status();
     });
   } catch (const std::exception &e) {
-    return Status::error(std::string("reduce_bucket (sharded): ") + e.what());
+    return Status::from_exception(e, "reduce_bucket (sharded): ");
   }
 }
 
@@ -328,7 +329,7 @@ Status DataParallel::step_shards(Optimizer &opt, int64_t t,
     }
     return Status::success();
   } catch (const std::exception &e) {
-    return Status::error(std::string("step (sharded): ") + e.what());
+    return Status::from_exception(e, "step (sharded): ");
   }
 }
 
@@ -379,7 +380,7 @@ DataParallel::gather_buffer(Optimizer &opt, int64_t tensor,
                   size_t(spans[size_t(q)].second - spans[size_t(q)].first));
     return out;
   } catch (const std::exception &e) {
-    return Status::error(std::string("gather_buffer: ") + e.what());
+    return Status::from_exception(e, "gather_buffer: ");
   }
 }
 
@@ -399,8 +400,9 @@ Status DataParallel::scatter_buffer(Optimizer &opt, int64_t tensor,
                             : numel * dtype_size(spec.dtype);
   if (bytes != whole)
     return Status::error(
+        Code::InvalidArgument,
         "buffer " + name + " of tensor " + std::to_string(tensor) + " holds " +
-        std::to_string(whole) + " bytes, not " + std::to_string(bytes));
+            std::to_string(whole) + " bytes, not " + std::to_string(bytes));
   const int64_t k = ownerIndex_[size_t(tensor)];
   if (k < 0)
     return Status::success(); // another rank's

@@ -203,12 +203,12 @@ Expected<std::vector<uint8_t>> readWhole(const std::string &path,
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    return Status::error(where + "cannot stat: " + errnoText(err));
+    return Status::error(Code::Io, where + "cannot stat: " + errnoText(err));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status::error(where + "not a regular file (it is " +
-                         abi::file_kind(st.st_mode) + ")");
+    return Status::error(Code::Io, where + "not a regular file (it is " +
+                                       abi::file_kind(st.st_mode) + ")");
   }
   std::vector<uint8_t> bytes(size_t(st.st_size));
   size_t got = 0;
@@ -227,9 +227,10 @@ Expected<std::vector<uint8_t>> readWhole(const std::string &path,
   }
   ::close(fd);
   if (got != bytes.size())
-    return Status::error(where + "the file shrank while being read (" +
-                         std::to_string(got) + " of " +
-                         std::to_string(bytes.size()) + " bytes)");
+    return Status::error(Code::Io,
+                         where + "the file shrank while being read (" +
+                             std::to_string(got) + " of " +
+                             std::to_string(bytes.size()) + " bytes)");
   return bytes;
 }
 
@@ -240,29 +241,35 @@ Expected<json> parseHeader(const std::vector<uint8_t> &bytes,
                            const std::string &where, int64_t *dataBegin) {
   const uint64_t size = bytes.size();
   if (size < 8)
-    return Status::error(where + "the file is " + std::to_string(size) +
-                         " bytes, too short for the 8-byte header length");
+    return Status::error(Code::Format,
+                         where + "the file is " + std::to_string(size) +
+                             " bytes, too short for the 8-byte header length");
   uint64_t n;
   std::memcpy(&n, bytes.data(), 8); // little-endian host
   if (n > kMaxHeaderBytes)
-    return Status::error(where + "header length " + std::to_string(n) +
-                         " exceeds the maximum of " +
-                         std::to_string(kMaxHeaderBytes) + " bytes");
+    return Status::error(Code::Format,
+                         where + "header length " + std::to_string(n) +
+                             " exceeds the maximum of " +
+                             std::to_string(kMaxHeaderBytes) + " bytes");
   if (n > size - 8)
-    return Status::error(where + "header length " + std::to_string(n) +
-                         " exceeds the " + std::to_string(size - 8) +
-                         " bytes that follow it in the file");
+    return Status::error(Code::Format, where + "header length " +
+                                           std::to_string(n) + " exceeds the " +
+                                           std::to_string(size - 8) +
+                                           " bytes that follow it in the file");
   if (n == 0)
-    return Status::error(where + "header length is 0; expected a JSON "
+    return Status::error(Code::Format,
+                         where + "header length is 0; expected a JSON "
                                  "object");
   const char *text = reinterpret_cast<const char *>(bytes.data() + 8);
   if (text[0] != '{')
-    return Status::error(where + "the header does not start with '{'");
+    return Status::error(Code::Format,
+                         where + "the header does not start with '{'");
   // nlohmann/json stops at a NUL byte; valid JSON never holds a raw one.
   if (const void *nul = std::memchr(text, 0, n))
     return Status::error(
+        Code::Format,
         where + "the header is not valid JSON: NUL byte at offset " +
-        std::to_string(static_cast<const char *>(nul) - text));
+            std::to_string(static_cast<const char *>(nul) - text));
   *dataBegin = int64_t(8 + n);
 
   std::vector<std::set<std::string>> keyStack;
@@ -292,15 +299,16 @@ Expected<json> parseHeader(const std::vector<uint8_t> &bytes,
   try {
     header = json::parse(text, text + n, cb);
   } catch (const json::parse_error &e) {
-    return Status::error(where + "the header is not valid JSON: " + e.what());
+    return Status::error(Code::Format,
+                         where + "the header is not valid JSON: " + e.what());
   }
   if (!duplicate.empty())
-    return Status::error(where + "the header repeats the key " +
-                         quote(duplicate));
+    return Status::error(Code::Format, where + "the header repeats the key " +
+                                           quote(duplicate));
   if (!header.is_object())
-    return Status::error(where + "the header is a JSON " +
-                         std::string(header.type_name()) +
-                         ", expected an object");
+    return Status::error(Code::Format, where + "the header is a JSON " +
+                                           std::string(header.type_name()) +
+                                           ", expected an object");
   return header;
 }
 
@@ -310,66 +318,77 @@ Expected<json> parseHeader(const std::vector<uint8_t> &bytes,
 Expected<StoredTensor> parseEntry(const json &v, const std::string &tw,
                                   int64_t dataSize, int64_t *begin) {
   if (!v.is_object())
-    return Status::error(tw + "the entry is " + found(v) +
-                         ", expected an object with dtype, shape and "
-                         "data_offsets");
+    return Status::error(Code::Format,
+                         tw + "the entry is " + found(v) +
+                             ", expected an object with dtype, shape and "
+                             "data_offsets");
   for (auto k = v.begin(); k != v.end(); ++k)
     if (k.key() != "dtype" && k.key() != "shape" && k.key() != "data_offsets")
-      return Status::error(tw + "unexpected key " + quote(k.key()) +
-                           " (expected exactly dtype, shape and "
-                           "data_offsets)");
+      return Status::error(Code::Format,
+                           tw + "unexpected key " + quote(k.key()) +
+                               " (expected exactly dtype, shape and "
+                               "data_offsets)");
   for (const char *k : {"dtype", "shape", "data_offsets"})
     if (!v.contains(k))
-      return Status::error(tw + "missing " + quote(k));
+      return Status::error(Code::Format, tw + "missing " + quote(k));
 
   StoredTensor t;
   const json &dt = v.at("dtype");
   if (!dt.is_string())
-    return Status::error(tw + "dtype is " + found(dt) + ", expected a string");
+    return Status::error(Code::Format,
+                         tw + "dtype is " + found(dt) + ", expected a string");
   std::optional<DType> dtype = parse_dtype(dt.get<std::string>());
   if (!dtype)
-    return Status::error(tw + "dtype " + quote(dt.get<std::string>()) +
-                         " is not supported (expected one of BF16, F16, "
-                         "F32, I8, U8, I16)");
+    return Status::error(Code::Format,
+                         tw + "dtype " + quote(dt.get<std::string>()) +
+                             " is not supported (expected one of BF16, F16, "
+                             "F32, I8, U8, I16)");
   t.dtype = *dtype;
 
   const json &sh = v.at("shape");
   if (!sh.is_array())
-    return Status::error(tw + "shape is " + found(sh) +
-                         ", expected an array of non-negative integers");
+    return Status::error(Code::Format,
+                         tw + "shape is " + found(sh) +
+                             ", expected an array of non-negative integers");
   for (size_t d = 0; d < sh.size(); ++d) {
     int64_t dim;
     if (!asIndex(sh[d], &dim))
-      return Status::error(tw + "shape[" + std::to_string(d) + "] is " +
-                           found(sh[d]) + ", expected a non-negative integer");
+      return Status::error(
+          Code::Format, tw + "shape[" + std::to_string(d) + "] is " +
+                            found(sh[d]) + ", expected a non-negative integer");
     t.shape.push_back(dim);
   }
   if (!tensorSize(t.dtype, t.shape, &t.numel, &t.bytes))
-    return Status::error(tw + describe(t.dtype, t.shape) +
-                         " is too large (its byte size overflows 64 bits)");
+    return Status::error(Code::Format,
+                         tw + describe(t.dtype, t.shape) +
+                             " is too large (its byte size overflows 64 bits)");
 
   const json &off = v.at("data_offsets");
   int64_t b, e;
   if (!off.is_array() || off.size() != 2)
     return Status::error(
+        Code::Format,
         tw + "data_offsets is " + found(off) +
-        (off.is_array() ? " of " + std::to_string(off.size()) + " elements"
-                        : std::string()) +
-        ", expected [begin, end]");
+            (off.is_array() ? " of " + std::to_string(off.size()) + " elements"
+                            : std::string()) +
+            ", expected [begin, end]");
   if (!asIndex(off[0], &b) || !asIndex(off[1], &e))
-    return Status::error(tw + "data_offsets " + off.dump() +
-                         " must be two non-negative integers");
+    return Status::error(Code::Format,
+                         tw + "data_offsets " + off.dump() +
+                             " must be two non-negative integers");
   const std::string offText =
       "data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + "]";
   if (b > e)
-    return Status::error(tw + offText + " end before they begin");
+    return Status::error(Code::Format, tw + offText + " end before they begin");
   if (e > dataSize)
-    return Status::error(tw + offText + " run past the end of the " +
-                         std::to_string(dataSize) + "-byte data section");
+    return Status::error(Code::Format,
+                         tw + offText + " run past the end of the " +
+                             std::to_string(dataSize) + "-byte data section");
   if (e - b != t.bytes)
-    return Status::error(tw + offText + " hold " + std::to_string(e - b) +
-                         " bytes but " + describe(t.dtype, t.shape) +
-                         " needs " + std::to_string(t.bytes));
+    return Status::error(Code::Format,
+                         tw + offText + " hold " + std::to_string(e - b) +
+                             " bytes but " + describe(t.dtype, t.shape) +
+                             " needs " + std::to_string(t.bytes));
   *begin = b;
   return t;
 }
@@ -395,26 +414,28 @@ Status checkSpans(std::vector<Span> spans, int64_t dataSize,
   const Span *prev = nullptr;
   for (const Span &s : spans) {
     if (s.begin < covered)
-      return Status::error(where + "tensor " + quote(*s.name) +
-                           ": data_offsets [" + std::to_string(s.begin) +
-                           ", " + std::to_string(s.end) + "] overlap tensor " +
-                           quote(*prev->name) + " [" +
-                           std::to_string(prev->begin) + ", " +
-                           std::to_string(prev->end) + "]");
+      return Status::error(Code::Format,
+                           where + "tensor " + quote(*s.name) +
+                               ": data_offsets [" + std::to_string(s.begin) +
+                               ", " + std::to_string(s.end) +
+                               "] overlap tensor " + quote(*prev->name) + " [" +
+                               std::to_string(prev->begin) + ", " +
+                               std::to_string(prev->end) + "]");
     if (s.begin > covered)
-      return Status::error(where + "bytes [" + std::to_string(covered) + ", " +
-                           std::to_string(s.begin) +
-                           ") of the data section belong to no tensor");
+      return Status::error(Code::Format,
+                           where + "bytes [" + std::to_string(covered) + ", " +
+                               std::to_string(s.begin) +
+                               ") of the data section belong to no tensor");
     covered = s.end;
     prev = &s;
   }
   if (covered != dataSize)
-    return Status::error(where + "the data section has " +
-                         std::to_string(dataSize) +
-                         " bytes but the tensors cover only " +
-                         std::to_string(covered) + " (bytes [" +
-                         std::to_string(covered) + ", " +
-                         std::to_string(dataSize) + ") belong to no tensor)");
+    return Status::error(
+        Code::Format,
+        where + "the data section has " + std::to_string(dataSize) +
+            " bytes but the tensors cover only " + std::to_string(covered) +
+            " (bytes [" + std::to_string(covered) + ", " +
+            std::to_string(dataSize) + ") belong to no tensor)");
   return Status::success();
 }
 
@@ -428,9 +449,9 @@ Expected<File> File::read(const std::string &path) {
       return bytes.status();
     return parse(std::move(bytes.value()), path);
   } catch (const std::bad_alloc &) {
-    return Status::error(where + "out of memory");
+    return Status::error(Code::OutOfMemory, where + "out of memory");
   } catch (const std::exception &e) {
-    return Status::error(where + "internal error: " + e.what());
+    return Status::error(Code::Internal, where + "internal error: " + e.what());
   }
 }
 
@@ -463,13 +484,15 @@ Expected<File> File::parse(std::vector<uint8_t> bytes,
         continue;
       }
       if (!v.is_object())
-        return Status::error(where + "__metadata__ is " + found(v) +
-                             ", expected an object of strings");
+        return Status::error(Code::Format,
+                             where + "__metadata__ is " + found(v) +
+                                 ", expected an object of strings");
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string())
-          return Status::error(where + "__metadata__ key " + quote(m.key()) +
-                               " holds " + found(m.value()) +
-                               ", expected a string");
+          return Status::error(Code::Format, where + "__metadata__ key " +
+                                                 quote(m.key()) + " holds " +
+                                                 found(m.value()) +
+                                                 ", expected a string");
         f.meta_[m.key()] = m.value().get<std::string>();
       }
     }
@@ -477,9 +500,9 @@ Expected<File> File::parse(std::vector<uint8_t> bytes,
       return s;
     return Expected<File>(std::move(f));
   } catch (const std::bad_alloc &) {
-    return Status::error(where + "out of memory");
+    return Status::error(Code::OutOfMemory, where + "out of memory");
   } catch (const std::exception &e) {
-    return Status::error(where + "internal error: " + e.what());
+    return Status::error(Code::Internal, where + "internal error: " + e.what());
   }
 }
 

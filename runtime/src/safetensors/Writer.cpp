@@ -204,29 +204,37 @@ Expected<Prepared> prepare(const std::vector<TensorRef> &tensors,
     const TensorRef &t = tensors[i];
     const std::string tw = where + "tensor " + quote(t.name) + ": ";
     if (t.name.empty())
-      return Status::error(where + "tensor " + std::to_string(i) +
-                           " has an empty name");
+      return Status::error(Code::InvalidArgument, where + "tensor " +
+                                                      std::to_string(i) +
+                                                      " has an empty name");
     if (t.name == kMetadataKey)
-      return Status::error(tw + "the name is reserved for the metadata");
+      return Status::error(Code::InvalidArgument,
+                           tw + "the name is reserved for the metadata");
     if (!names.insert(t.name).second)
-      return Status::error(tw + "the name is used by more than one tensor");
+      return Status::error(Code::InvalidArgument,
+                           tw + "the name is used by more than one tensor");
     if (!parse_dtype(safetensors::dtype_name(t.dtype)))
-      return Status::error(tw + "unsupported dtype");
+      return Status::error(Code::InvalidArgument, tw + "unsupported dtype");
     int64_t numel, bytes;
     for (size_t d = 0; d < t.shape.size(); ++d)
       if (t.shape[d] < 0)
-        return Status::error(tw + "shape[" + std::to_string(d) + "] is " +
-                             std::to_string(t.shape[d]) +
-                             ", expected a non-negative size");
+        return Status::error(Code::InvalidArgument,
+                             tw + "shape[" + std::to_string(d) + "] is " +
+                                 std::to_string(t.shape[d]) +
+                                 ", expected a non-negative size");
     if (!tensorSize(t.dtype, t.shape, &numel, &bytes))
-      return Status::error(tw + describe(t.dtype, t.shape) +
-                           " is too large (its byte size overflows 64 bits)");
+      return Status::error(
+          Code::InvalidArgument,
+          tw + describe(t.dtype, t.shape) +
+              " is too large (its byte size overflows 64 bits)");
     if (bytes > 0 && t.data == nullptr)
-      return Status::error(tw + "data is null but " +
-                           describe(t.dtype, t.shape) + " needs " +
-                           std::to_string(bytes) + " bytes");
+      return Status::error(Code::InvalidArgument,
+                           tw + "data is null but " +
+                               describe(t.dtype, t.shape) + " needs " +
+                               std::to_string(bytes) + " bytes");
     if (__builtin_add_overflow(offset, bytes, &offset))
-      return Status::error(where + "the data section is too large");
+      return Status::error(Code::InvalidArgument,
+                           where + "the data section is too large");
     begin[i] = offset - bytes;
     p.size[i] = bytes;
   }
@@ -256,17 +264,19 @@ Expected<Prepared> prepare(const std::vector<TensorRef> &tensors,
   try {
     text = header.dump();
   } catch (const ordered_json::type_error &e) {
-    return Status::error(where +
-                         "a tensor name or metadata string is not valid "
-                         "UTF-8 (" +
-                         e.what() + ")");
+    return Status::error(Code::InvalidArgument,
+                         where +
+                             "a tensor name or metadata string is not valid "
+                             "UTF-8 (" +
+                             e.what() + ")");
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   if (text.size() > kMaxHeaderBytes)
-    return Status::error(where + "the header would be " +
-                         std::to_string(text.size()) +
-                         " bytes, more than the format's maximum of " +
-                         std::to_string(kMaxHeaderBytes));
+    return Status::error(Code::InvalidArgument,
+                         where + "the header would be " +
+                             std::to_string(text.size()) +
+                             " bytes, more than the format's maximum of " +
+                             std::to_string(kMaxHeaderBytes));
   uint8_t len[8];
   uint64_t n = text.size();
   std::memcpy(len, &n, 8); // little-endian host
@@ -281,33 +291,39 @@ Expected<Prepared> prepare(const std::vector<TensorRef> &tensors,
 Status checkTarget(const std::string &path, const std::string &where,
                    std::string *target, std::string *dir, std::string *base) {
   if (path.empty())
-    return Status::error("safetensors: empty output path");
+    return Status::error(Code::InvalidArgument,
+                         "safetensors: empty output path");
   splitPath(path, dir, base);
   if (base->empty() || *base == "." || *base == "..")
-    return Status::error(where + "the path names a directory, not a file");
+    return Status::error(Code::Io,
+                         where + "the path names a directory, not a file");
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    return Status::error(where + "is a directory; expected a file path");
+    return Status::error(Code::Io,
+                         where + "is a directory; expected a file path");
   // Symbolic links are followed: the link's final target is written (and
   // replaced atomically), the link itself is kept.
   *target = path;
   if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
     char *real = ::realpath(path.c_str(), nullptr);
     if (!real)
-      return Status::error(where + "is a symbolic link that does not resolve "
-                                   "to an existing file (" +
-                           errnoText(errno) +
-                           "); checkpoints follow links only to existing "
-                           "regular files");
+      return Status::error(Code::Io,
+                           where +
+                               "is a symbolic link that does not resolve "
+                               "to an existing file (" +
+                               errnoText(errno) +
+                               "); checkpoints follow links only to existing "
+                               "regular files");
     *target = real;
     std::free(real);
     splitPath(*target, dir, base);
   }
   if (::stat(target->c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    return Status::error(where + (*target == path ? "is " : "links to ") +
-                         abi::file_kind(st.st_mode) +
-                         ", not a regular file; checkpoints are written only "
-                         "to regular files (or new paths)");
+    return Status::error(
+        Code::Io, where + (*target == path ? "is " : "links to ") +
+                      abi::file_kind(st.st_mode) +
+                      ", not a regular file; checkpoints are written only "
+                      "to regular files (or new paths)");
   return Status::success();
 }
 
@@ -329,12 +345,14 @@ Status createTemporary(const std::string &dir, const std::string &base,
                    0666);
     }
     if (*fd < 0 && errno != EEXIST)
-      return Status::error(where + "cannot create the temporary file " +
-                           quote(*tmp) + ": " + errnoText(errno));
+      return Status::error(Code::Io, where +
+                                         "cannot create the temporary file " +
+                                         quote(*tmp) + ": " + errnoText(errno));
   }
   if (*fd < 0)
-    return Status::error(where + "cannot create a temporary file in " +
-                         quote(dir) + ": names in use");
+    return Status::error(Code::Io, where +
+                                       "cannot create a temporary file in " +
+                                       quote(dir) + ": names in use");
   (void)::flock(*fd, LOCK_EX | LOCK_NB);
   return Status::success();
 }
@@ -350,7 +368,7 @@ Status writeAndRename(int fd, const std::string &tmp, const Prepared &p,
     if (fd >= 0)
       ::close(fd);
     ::unlink(tmp.c_str());
-    return Status::error(where + what + ": " + errnoText(err));
+    return Status::error(Code::Io, where + what + ": " + errnoText(err));
   };
   int err = 0;
   uint64_t written = 0;
@@ -373,21 +391,22 @@ Status writeAndRename(int fd, const std::string &tmp, const Prepared &p,
   if (::rename(tmp.c_str(), target.c_str()) != 0)
     return fail("renaming " + quote(tmp) + " to the target", errno);
   if (::close(fd) != 0)
-    return Status::error(where + "written, but closing it failed: " +
-                         errnoText(errno));
+    return Status::error(Code::Io, where + "written, but closing it failed: " +
+                                       errnoText(errno));
 
   // Make the rename durable.
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0)
-    return Status::error(where + "written, but opening its directory " +
-                         quote(dir) + " to fsync it failed: " +
-                         errnoText(errno));
+    return Status::error(
+        Code::Io, where + "written, but opening its directory " + quote(dir) +
+                      " to fsync it failed: " + errnoText(errno));
   int syncResult = ::fsync(dfd);
   int syncErr = errno;
   ::close(dfd);
   if (syncResult != 0 && syncErr != EINVAL) // EINVAL: not supported there
-    return Status::error(where + "written, but the fsync of its directory " +
-                         quote(dir) + " failed: " + errnoText(syncErr));
+    return Status::error(Code::Io,
+                         where + "written, but the fsync of its directory " +
+                             quote(dir) + " failed: " + errnoText(syncErr));
   return Status::success();
 }
 
@@ -410,9 +429,9 @@ Status write_file(const std::string &path, const std::vector<TensorRef> &tensors
       return s;
     return writeAndRename(fd, tmp, *p, tensors, target, dir, where);
   } catch (const std::bad_alloc &) {
-    return Status::error(where + "out of memory");
+    return Status::error(Code::OutOfMemory, where + "out of memory");
   } catch (const std::exception &e) {
-    return Status::error(where + "internal error: " + e.what());
+    return Status::error(Code::Internal, where + "internal error: " + e.what());
   }
 }
 
@@ -438,7 +457,7 @@ serialize(const std::vector<TensorRef> &tensors,
   } catch (const std::bad_alloc &) {
     return Status::error(Code::OutOfMemory, where + "out of memory");
   } catch (const std::exception &e) {
-    return Status::error(where + "internal error: " + e.what());
+    return Status::error(Code::Internal, where + "internal error: " + e.what());
   }
 }
 

@@ -54,15 +54,22 @@ public:
   GradScales(const GradScales &) = delete;
   GradScales &operator=(const GradScales &) = delete;
 
-  /// Every group's grad_scale now (`code` and the hyper's error if absent).
-  Expected<std::vector<float>> current(Code code,
-                                       const std::string &prefix) const {
+  /// Every group's grad_scale now; Unsupported when the bundle has none
+  /// (`what` needs it).
+  Expected<std::vector<float>> current(const std::string &what) const {
+    const host::Manifest &m = opt_.manifest();
+    if (m.hyper_index(kGradScale) < 0)
+      return Status::error(Code::Unsupported,
+                           what + " needs the kernels' \"grad_scale\", which " +
+                               m.name +
+                               " lacks (a bundle from an older "
+                               "flashopt-gen): regenerate it");
     const int groups = opt_.num_param_groups();
     std::vector<float> v(static_cast<size_t>(groups));
     for (int g = 0; g < groups; ++g) {
       Expected<float> x = opt_.hyper(g, kGradScale);
       if (!x)
-        return Status::error(code, prefix + x.error());
+        return x.status();
       v[size_t(g)] = *x;
     }
     return v;
@@ -74,7 +81,7 @@ public:
       saved_ = values;
     for (size_t g = 0; g < values.size(); ++g)
       if (Status s = opt_.set_hyper(int(g), kGradScale, values[g] * factor); !s)
-        return s.with_code(Code::Internal);
+        return s;
     return Status::success();
   }
   /// Puts the caller's values back.
@@ -148,7 +155,8 @@ void Trainer::restore(const std::vector<int64_t> &tensor_steps, int64_t step,
 Status Trainer::set_nonfinite_policy(NonFinitePolicy policy) {
   if (policy == NonFinitePolicy::Skip && !opt_.backend().scans_gradients())
     return Status::error(Code::Unsupported,
-                         "FLASHOPT_NONFINITE_SKIP is not supported on " +
+                         "skipping steps on non-finite gradients is not "
+                         "supported on " +
                              contextName(opt_.backend()) +
                              " contexts yet (it needs a device-side gradient "
                              "scan)");
@@ -204,8 +212,8 @@ Status Trainer::checkReady(const std::vector<int64_t> &idx) {
   for (int64_t i : idx)
     if (!opt_.tensor(i).grad)
       return Status::error(Code::State,
-                           name(i) + " has no gradient (flashopt_add_param "
-                                     "with a grad, or flashopt_set_grad)");
+                           name(i) + " has no gradient (register one with "
+                                     "the parameter, or set one)");
   // An empty step checks the hyper table and runs nothing.
   return opt_.step_tensors({}, 0);
 }
@@ -221,16 +229,13 @@ Status Trainer::checkCanAccumulate() const {
   if (dp_ && dp_->any_reduced())
     return Status::error(Code::State,
                          "a bucket's gradients were already reduced for this "
-                         "step (flashopt_reduce_bucket); with accumulation "
-                         "flashopt_step reduces the accumulators instead");
+                         "step (an early bucket reduction); with accumulation "
+                         "the step reduces the accumulators instead");
   return Status::success();
 }
 
 Expected<bool> Trainer::gradsFinite(const std::vector<int64_t> &idx) {
-  Expected<bool> finite = opt_.grads_finite(idx);
-  if (!finite)
-    return finite.status().with_code(Code::Unsupported);
-  return finite;
+  return opt_.grads_finite(idx);
 }
 
 //===----------------------------------------------------------------------===//
@@ -266,7 +271,7 @@ Status Trainer::step(StepKind kind) {
                 std::to_string(counters_[i].accumulated) +
                 " accumulated micro-batches but " + name(0) + " has " +
                 std::to_string(n) +
-                ": flashopt_step needs the same number for every parameter");
+                ": a step needs the same number for every parameter");
   }
   if (Status s = checkReady(all); !s)
     return s;
@@ -301,7 +306,7 @@ Status Trainer::step(StepKind kind) {
     const int W = dp_ ? dp_->comm().size() : 1;
     const double normalizer =
         normalizer_ > 0.0 ? normalizer_ : double(N) * double(W);
-    Expected<std::vector<float>> v = scales.current(Code::Internal, "");
+    Expected<std::vector<float>> v = scales.current("an accumulated step");
     if (!v)
       return v.status();
     if (Status s = scales.set(*v, float(1.0 / normalizer)); !s)
@@ -333,11 +338,8 @@ Expected<bool> Trainer::agree(StepKind kind, int64_t microBatches) {
   view.micro_batches = microBatches;
   view.normalizer = normalizer_;
   Expected<bool> skip = dp_->agree(view);
-  if (!skip) {
+  if (!skip)
     dp_->step_done();
-    if (skip.code() != Code::Mismatch)
-      return skip.status().with_code(Code::Comm);
-  }
   return skip;
 }
 
@@ -357,7 +359,7 @@ Status Trainer::reduce(StepKind kind, int64_t microBatches) {
   Status r = kind == StepKind::Plain ? dp_->reduce_remaining(opt_)
                                      : dp_->reduce_accumulators(opt_);
   dp_->step_done();
-  return r ? r : r.with_code(Code::Comm);
+  return r;
 }
 
 Expected<bool> Trainer::decide(StepKind kind) {
@@ -369,11 +371,8 @@ Expected<bool> Trainer::decide(StepKind kind) {
       return true;
     return gradsFinite(allTensors());
   }
-  Expected<bool> finite = dp_ ? dp_->accumulators_finite(opt_)
-                              : opt_.accumulators_finite(allTensors());
-  if (!finite)
-    return finite.status().with_code(dp_ ? Code::Comm : Code::Unsupported);
-  return finite;
+  return dp_ ? dp_->accumulators_finite(opt_)
+             : opt_.accumulators_finite(allTensors());
 }
 
 Status Trainer::skip(StepKind kind) {
@@ -399,10 +398,8 @@ Status Trainer::clip(StepKind kind, GradScales &scales) {
                                          ? opt_.grad_sum_squares(all)
                                          : opt_.accumulator_sum_squares(all);
   if (!ss)
-    return ss.status().with_code(Code::Unsupported);
-  Expected<std::vector<float>> v = scales.current(
-      Code::Unsupported, "gradient clipping needs the kernels' \"grad_scale\" "
-                         "(rebuild the bundle with this flashopt-gen): ");
+    return ss.status();
+  Expected<std::vector<float>> v = scales.current("gradient clipping");
   if (!v)
     return v.status();
   double total = 0.0; // in tensor order
@@ -479,7 +476,7 @@ Status Trainer::step_tensor(int64_t i) {
   if (accumulation_pending())
     return Status::error(Code::State,
                          why + "gradient accumulation (micro-batches are "
-                               "accumulated; end them with flashopt_step)");
+                               "accumulated; a whole step ends them)");
   if (maxGradNorm_ > 0.0)
     return Status::error(Code::State,
                          why + "gradient-norm clipping (it needs every "
@@ -488,7 +485,7 @@ Status Trainer::step_tensor(int64_t i) {
     return Status::error(Code::State,
                          why + (dp_->sharded() ? "sharded" : "replicated") +
                              " data parallelism (the gradients are averaged "
-                             "over the ranks in flashopt_step)");
+                             "over the ranks in a whole step)");
   const std::vector<int64_t> one{i};
   if (Status s = checkReady(one); !s)
     return s;
@@ -537,15 +534,8 @@ Status Trainer::attach(std::shared_ptr<dist::Communicator> comm,
     owner = [this] { return opt_.create_sibling(); };
   Expected<std::unique_ptr<dist::DataParallel>> dp = dist::DataParallel::attach(
       std::move(comm), opt_, layout, deterministic, bucket_bytes, owner);
-  if (!dp) {
-    // The layout and the engine are the ranks' own; anything else failed
-    // in a collective or its staging.
-    const Code c = dp.code();
-    return dp.status()
-        .with_code(c == Code::Mismatch || c == Code::Unsupported ? c
-                                                                 : Code::Comm)
-        .prefixed(where);
-  }
+  if (!dp)
+    return dp.status().prefixed(where);
   dp_ = std::move(dp.value());
   return Status::success();
 }
@@ -564,17 +554,16 @@ Status Trainer::reduce_bucket(int b) {
     return Status::error(
         Code::State,
         "bucket " + std::to_string(b) +
-            ": micro-batches are accumulated, so flashopt_step reduces the "
+            ": micro-batches are accumulated, so the step reduces the "
             "accumulators (the last micro-batch included) in every bucket; "
-            "flashopt_reduce_bucket reduces gradients of a step without "
-            "accumulation");
+            "an early bucket reduction is for the gradients of a step "
+            "without accumulation");
   const dist::Bucket &bk = buckets[size_t(b)];
   for (int64_t i = bk.first; i < bk.first + bk.count; ++i)
     if (!opt_.tensor(i).grad)
       return Status::error(Code::State, name(i) + " has no gradient");
   dp_->set_full_grads(maxGradNorm_ > 0.0);
-  Status s = dp_->reduce_bucket(opt_, b);
-  return s || s.code() == Code::State ? s : s.with_code(Code::Comm);
+  return dp_->reduce_bucket(opt_, b);
 }
 
 } // namespace flashopt::train

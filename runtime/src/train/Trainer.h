@@ -18,12 +18,16 @@
 /// ABI's entry points are a guard, a lock and one call each
 /// (capi/StepApi.cpp, capi/AccumulateApi.cpp, capi/Comm.cpp).
 ///
-/// Failures are a Status whose code says what went wrong (abi/Status.h):
-/// State (a call not valid now: a missing gradient, a hyper-parameter never
-/// set, micro-batches pending), Unsupported, Mismatch (the ranks disagree),
-/// Comm (a collective), InvalidArgument (a setter's value), Internal;
-/// Unspecified or Cuda when the device failed. A failed step advances no
-/// step counter.
+/// Failures are a Status whose code says what went wrong (abi/Status.h),
+/// set where it went wrong: the trainer's own checks give State (a call not
+/// valid now: a missing gradient, micro-batches pending, a communicator
+/// attached twice), InvalidArgument (a setter's value, a tensor or bucket
+/// index) and Unsupported (a policy or accumulation the bundle or device
+/// cannot do); what it calls keeps its own code: State (a hyper-parameter
+/// never set), Mismatch (the ranks disagree), Comm (a collective, or
+/// another rank, failed), Cuda (a driver call), OutOfMemory, Internal. The
+/// trainer adds context to a message (the rank) but never changes a code.
+/// A failed step advances no step counter.
 ///
 //===----------------------------------------------------------------------===//
 

@@ -199,7 +199,7 @@ TEST_CASE("select_cpu_kernel: the first flavour the CPU runs, or the forced "
   CHECK(*c == 4);
   c = select_cpu_kernel(m, "x86-64-v3", "the test", only({"avx2"}));
   REQUIRE_FALSE(c.ok());
-  CHECK(c.code() == Code::Unspecified);
+  CHECK(c.code() == Code::Unsupported);
   CHECK(c.error() == "/bundles/k/manifest.json: the \"x86-64-v3\" kernel "
                      "(requested by the test) needs CPU features this host "
                      "lacks: fma");

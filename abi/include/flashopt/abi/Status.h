@@ -21,6 +21,8 @@
 #ifndef FLASHOPT_ABI_STATUS_H
 #define FLASHOPT_ABI_STATUS_H
 
+#include <exception>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -29,28 +31,38 @@ namespace flashopt::abi {
 
 /// What kind of failure a Status reports: the kinds the library's own code
 /// tells apart. The values are those of the C ABI's `flashopt_status`
-/// (flashopt.h) of the same name; the C ABI checks that they agree.
+/// (flashopt.h) of the same name; the C ABI checks that they agree. Every
+/// producer names one, by what went wrong (not by who asked); there is no
+/// error without a kind.
 enum class Code : int {
-  /// No code: the caller knows best (the entry point's device, format or
-  /// communication error). What Status::error(message) makes.
-  Unspecified = -1,
   Ok = 0,
-  /// A value out of range, a bad enum.
+  /// A value out of range, a bad enum, a null pointer, an unknown name or
+  /// index.
   InvalidArgument = 1,
+  /// No usable device: no driver library (or one that lacks an entry point
+  /// or does not initialize), no GPU, a device ordinal that does not exist.
+  Device = 4,
   /// The call is not valid now (a missing gradient, a hyper-parameter that
   /// was never set, a bucket reduced twice).
   State = 8,
+  /// A file's content is malformed: a manifest, a kernel's ABI description,
+  /// a checkpoint, a safetensors header (opening or reading it is Io).
+  Format = 9,
   /// Two things that must agree do not (ranks' layouts or steps).
   Mismatch = 10,
-  /// Opening or reading a file failed.
+  /// Opening, reading or writing a file failed, or the path is not a
+  /// regular file.
   Io = 11,
+  /// An allocation failed (host or device memory).
   OutOfMemory = 12,
   /// Not possible on this device, by this bundle or with this engine.
   Unsupported = 13,
   /// A CUDA driver call failed.
   Cuda = 15,
+  /// A bug in flashopt (an exception that is not an allocation failure, a
+  /// broken invariant).
   Internal = 16,
-  /// A collective of a communicator failed.
+  /// A collective of a communicator failed, or another rank did.
   Comm = 17,
 };
 
@@ -59,14 +71,10 @@ class [[nodiscard]] Status {
 public:
   Status() = default;
   static Status success() { return Status(); }
-  /// An error the caller classifies (Code::Unspecified).
-  static Status error(std::string message) {
-    return error(Code::Unspecified, std::move(message));
-  }
-  /// An error of kind `code`.
+  /// An error of kind `code` (Internal for Code::Ok: a bug).
   static Status error(Code code, std::string message) {
     Status s;
-    s.code_ = code == Code::Ok ? Code::Unspecified : code;
+    s.code_ = code == Code::Ok ? Code::Internal : code;
     s.message_ = std::move(message);
     return s;
   }
@@ -80,8 +88,15 @@ public:
   Status prefixed(const std::string &prefix) const {
     return error(code_, prefix + message_);
   }
-  /// The same message as an error of kind `code`.
-  Status with_code(Code code) const { return error(code, message_); }
+  /// The error of exception `e`, caught where `prefix` says ("step: "):
+  /// OutOfMemory for a std::bad_alloc, Internal for anything else (nothing
+  /// in flashopt throws on purpose); the message is `prefix` + e.what().
+  static Status from_exception(const std::exception &e,
+                               const std::string &prefix) {
+    return error(dynamic_cast<const std::bad_alloc *>(&e) ? Code::OutOfMemory
+                                                          : Code::Internal,
+                 prefix + e.what());
+  }
 
 private:
   Code code_ = Code::Ok;
@@ -94,7 +109,8 @@ public:
   Expected(T value) : value_(std::move(value)) {}
   Expected(Status error) : error_(std::move(error)) {
     if (error_.ok()) // an Expected built from a success has no value: a bug
-      error_ = Status::error("internal error: Expected built from success");
+      error_ = Status::error(Code::Internal,
+                             "internal error: Expected built from success");
   }
   bool ok() const { return value_.has_value(); }
   explicit operator bool() const { return ok(); }

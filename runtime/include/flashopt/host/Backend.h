@@ -107,8 +107,9 @@ public:
   /// the gradient accumulator stays). Backends that cannot say so.
   virtual Status release_arenas(const std::vector<bool> &which) {
     (void)which;
-    return Status::error(std::string(kind()) +
-                         " backend cannot release its state arenas");
+    return Status::error(Code::Unsupported,
+                         std::string(kind()) +
+                             " backend cannot release its state arenas");
   }
 
   // ---- stepping ------------------------------------------------------------

@@ -84,7 +84,9 @@ public:
   int version() const { return version_; }
   /// "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for `r`.
   std::string describe(cu::CUresult r) const;
-  /// Success when `r` is CUDA_SUCCESS, else "<what>: <describe(r)>".
+  /// Success when `r` is CUDA_SUCCESS, else "<what>: <describe(r)>": the
+  /// one place a driver result becomes a code, OutOfMemory for
+  /// CUDA_ERROR_OUT_OF_MEMORY and Cuda for any other.
   Status check(cu::CUresult r, const std::string &what) const;
 
   CudaDriver(const CudaDriver &) = delete;

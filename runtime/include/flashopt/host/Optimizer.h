@@ -202,7 +202,7 @@ protected:
         return s;
       return Expected<std::unique_ptr<Derived>>(std::move(o));
     } catch (const std::exception &e) {
-      return Status::error(std::string(who) + ": " + e.what());
+      return Status::from_exception(e, std::string(who) + ": ");
     }
   }
 
