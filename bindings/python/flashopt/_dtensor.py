@@ -20,8 +20,9 @@ import torch.distributed as dist
 from . import _dtensor_dcp
 from . import _lib as L
 from ._bundle import _DTYPES, _Bundle, _device_key, _float, _is_dtensor
+from ._collectives import on_every_rank, raise_on_every_rank
 from ._dtensor_layout import (Layout, _bytes_of, _chunk_rows, _Packing, _Piece, _types,
-                              first_rank_error, placement_error)
+                              placement_error)
 from ._dtensor_state import SPEC_KEY, STEP_KEY, plain_checkpoint  # noqa: F401 (re-exported)
 from ._views import ShardedParamState
 
@@ -85,19 +86,13 @@ class ShardedParams:
         self._collective_check(sig, "the param group " + str(gi))
         # Registration can fail on one rank only (e.g. a piece the device
         # cannot address): every rank learns it.
-        err = ""
-        try:
-            gid = first_gid
-            for p in params:
+        def register():
+            for gid, p in enumerate(params, first_gid):
                 self._register(p, gid, gi, make_bundle(p))
-                gid += 1
-        except Exception as e:
-            err = f"{type(e).__name__}: {e}"
-        failed = first_rank_error(err, self.group, self.W)
-        if failed:
-            q, e = failed
-            raise RuntimeError(f"flashopt: rank {q} could not register the param group "
-                               f"{gi}: {e}")
+
+        on_every_rank(register, self.group, self.W,
+                      lambda q, e: RuntimeError(f"flashopt: rank {q} could not register the "
+                                                f"param group {gi}: {e}"))
         self._packings = {}
 
     @torch.no_grad()
@@ -410,12 +405,11 @@ class ShardedParams:
                 err = err or (msg[:-len(suffix)] if msg.endswith(suffix) else msg)
                 code, rep = e.code, e.report
                 reports.append(e.report)
-        failed = first_rank_error(err, self.group, self.W)
-        if failed:
-            q, e = failed
-            raise L.NumericsError(code or L.ERROR_NUMERICS,
-                                  f"flashopt: check_numerics failed on rank {q}: {e}",
-                                  rep if q == self.rank else L.NumericsReport())
+        raise_on_every_rank(
+            err, self.group, self.W,
+            lambda q, e: L.NumericsError(code or L.ERROR_NUMERICS,
+                                         f"flashopt: check_numerics failed on rank {q}: {e}",
+                                         rep if q == self.rank else L.NumericsReport()))
         return reports
 
     def layout_of(self, p) -> Layout:

@@ -13,7 +13,8 @@ import torch
 
 from . import _lib as L
 from . import _state
-from ._dtensor_layout import _Packing, _types, first_rank_error
+from ._collectives import on_every_rank
+from ._dtensor_layout import _Packing, _types
 from ._dtensor_state import (SPEC_KEY, STEP_KEY, elem_buffers, entry_states, fill_pieces,
                              own_states, scale_table)
 
@@ -60,8 +61,9 @@ def load_state_dict(sp, sd: Dict[str, Any]) -> None:
     Everything is checked on every rank before any bundle changes."""
     keys = [k for g in sd["param_groups"] for k in g["params"]]
     st = sd["state"]
-    err, owns = "", []
-    try:
+
+    def check():
+        owns = []
         for lay in sp.layouts:
             key = keys[lay.gid]
             entry = st.get(key, st.get(str(key)))
@@ -69,13 +71,12 @@ def load_state_dict(sp, sd: Dict[str, Any]) -> None:
                 raise ValueError(f"flashopt: the state dict has no state for parameter "
                                  f"{key!r} (p{lay.gid})")
             owns.append(entry_states(lay, entry, lay.bundle))
-    except Exception as e:
-        err = f"{type(e).__name__}: {e}"
-    failed = first_rank_error(err, sp.group, sp.W)
-    if failed:
-        q, e = failed
-        raise ValueError(f"flashopt: loading the optimizer state failed on rank {q}: "
-                         f"{e}; nothing was loaded on any rank")
+        return owns
+
+    owns = on_every_rank(check, sp.group, sp.W,
+                         lambda q, e: ValueError(f"flashopt: loading the optimizer state failed "
+                                                 f"on rank {q}: {e}; nothing was loaded on any "
+                                                 f"rank"))
     # The split groups' other elements come from their ranks.
     nf = max((len(elem_buffers(lay.bundle)) for lay in sp.layouts), default=0)
     packing = _Packing(sp.layouts, nf, 0)

@@ -210,15 +210,3 @@ class _Packing:
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
-
-def first_rank_error(err: str, group, world: int) -> Optional[Tuple[int, str]]:
-    """Every rank's error message ("" for none), gathered: the first rank
-    that has one and its message, or None. Each rank calls it at the same
-    point, so all of them raise together and none waits in a collective."""
-    import torch.distributed as dist
-    got = [None] * world
-    dist.all_gather_object(got, err, group=group)
-    for q, e in enumerate(got):
-        if e:
-            return q, e
-    return None
