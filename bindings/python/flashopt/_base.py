@@ -19,7 +19,7 @@ import torch
 from torch.optim import Optimizer
 
 from . import _lib as L
-from . import _specs, _state
+from . import _dtensor_state, _specs, _state
 from ._bundle import _DTYPES, GRAD_SCALE, _Bundle, _device_key, _float, _is_dtensor
 from ._views import ParamState
 
@@ -577,8 +577,11 @@ class FlashOptimizer(Optimizer):
         bundles = self._bundle_list()
         # Every checkpoint is built and well-formed before any bundle changes;
         # the library validates each fully before it changes anything.
-        for b, (data, buffers) in zip(bundles,
-                                      _state.checkpoints_from_state_dict(bundles, state_dict)):
+        if _dtensor_state.is_full_state(state_dict):  # DCP's full state of an FSDP2 run
+            ckpts = _dtensor_state.plain_checkpoints(bundles, state_dict)
+        else:
+            ckpts = _state.checkpoints_from_state_dict(bundles, state_dict)
+        for b, (data, buffers) in zip(bundles, ckpts):
             b.load_checkpoint_bytes(data)
             for (i, name), v in buffers.items():  # parameters and correction terms
                 if name == "param":

@@ -23,7 +23,6 @@ from ._bundle import _DTYPES, _Bundle, _device_key, _float, _is_dtensor
 from ._collectives import on_every_rank, raise_on_every_rank
 from ._dtensor_layout import (Layout, _bytes_of, _chunk_rows, _Packing, _Piece, _types,
                               placement_error)
-from ._dtensor_state import SPEC_KEY, STEP_KEY, plain_checkpoint  # noqa: F401 (re-exported)
 from ._views import ShardedParamState
 
 _HEADER = 256  # bytes of each rank's step header (flags, signature, error text)

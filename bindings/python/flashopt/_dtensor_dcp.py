@@ -15,8 +15,8 @@ from . import _lib as L
 from . import _state
 from ._collectives import on_every_rank
 from ._dtensor_layout import _Packing, _types
-from ._dtensor_state import (SPEC_KEY, STEP_KEY, elem_buffers, entry_states, fill_pieces,
-                             own_states, scale_table)
+from ._dtensor_state import elem_buffers, entry_states, fill_pieces, own_states, scale_table
+from ._views import SPEC_KEY, STEP_KEY
 
 
 @torch.no_grad()
@@ -25,7 +25,7 @@ def state_dict(sp, param_groups) -> Dict[str, Any]:
     states as DTensors with the parameter's global shape (per-element
     buffers) or the scale table's (per-group buffers). No communication."""
     DTensor, _, _ = _types()
-    groups, _ = _state._torch_groups(param_groups)
+    groups, _ = _state.torch_groups(param_groups)
     ckpt = {}
     for b in sp.bundles():
         if b.params:
