@@ -26,7 +26,7 @@ import torch
 from . import _lib as L
 from . import _specs, _state
 from ._bundle import _Bundle, _float
-from ._dtensor_layout import Layout, _Piece, _types
+from ._dtensor_layout import Layout, Piece, dtensor_types
 from ._views import SPEC_KEY, STEP_KEY
 
 
@@ -87,7 +87,7 @@ def entry_states(lay: Layout, entry: Dict[str, Any], b: _Bundle):
     """Checks a parameter's state-dict entry against bundle b and returns
     (this rank's part of each buffer, step). Entries hold DTensors (this
     rank's shard, as DCP loaded them) or full tensors (DCP's full state)."""
-    DTensor, _, _ = _types()
+    DTensor, _, _ = dtensor_types()
     spec = entry.get(SPEC_KEY)
     if spec is None:
         raise ValueError(f"flashopt: the state of p{lay.gid} has no {SPEC_KEY!r} entry (keys "
@@ -184,7 +184,7 @@ def plain_checkpoint(b: _Bundle, entries: List[Optional[Dict[str, Any]]]) -> byt
             continue
         p = b.params[i]
         lay = Layout.from_plain(b.global_ids[i], tuple(p.shape), p.numel(), G)
-        lay.pieces = [_Piece(0, lay.N, False, None, None, b.names[i])]
+        lay.pieces = [Piece(0, lay.N, False, None, None, b.names[i])]
         try:
             own, step = entry_states(lay, entry, b)
         except (TypeError, ValueError) as e:

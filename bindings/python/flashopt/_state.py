@@ -1,9 +1,10 @@
 """The checkpoint format as state_dict()/load_state_dict() see it.
 
 libflashopt writes and reads checkpoints (capi/Checkpoint.cpp, safetensors:
-docs/RUNTIME.md); this module is the only Python code that knows their
-layout: the tensor names ("<param>", "<param>.<state>", ...), the
-__metadata__ entries ("params" with each parameter's "step", "step",
+docs/RUNTIME.md); this module (and, for the exact per-parameter entries of
+DTensor parameters, _dtensor_state.py above it) is the Python code that
+knows their layout: the tensor names ("<param>", "<param>.<state>", ...),
+the __metadata__ entries ("params" with each parameter's "step", "step",
 "checksums", "metadata_checksum") and how a torch.optim state dict becomes
 an fp32 checkpoint. tests/test_state.py pins what it relies on.
 
