@@ -1,17 +1,16 @@
 """FlashOptimizer: what the five torch.optim drop-ins (optim.py) share.
 
-Each optimizer keeps one libflashopt optimizer ("bundle", _bundle.py) per
-(parameter dtype, device) it sees: usually one (a bf16 model), two with
-cast_model (bf16 weights, fp32 norm layers). A step() is one flashopt_step
-call per bundle (plus one flashopt_set_grads when gradient memory moved, and
-one flashopt_set_hyper per changed hyper-parameter), whatever the number of
-parameters. The class calls bundle methods only; the checkpoint format is
-_state.py's.
+The optimizer owns param_groups and the hyper-parameters (one table per
+rule, Hyper, into every bundle's flashopt_set_hyper when they change;
+GradScaler's scale folded into the kernels). Its parameters are a ParamSet
+(_params.py), chosen once, at the first parameter: LocalParams (_local.py)
+for plain tensors, ShardedParams (_dtensor.py) for DTensors (FSDP2). The
+set registers, steps, reports, holds the master weights and opt.state's
+views, and reads and writes the state; the optimizer only delegates.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
@@ -20,7 +19,10 @@ from torch.optim import Optimizer
 
 from . import _lib as L
 from . import _specs, _state
-from ._bundle import _DTYPES, GRAD_SCALE, _Bundle, _device_key, _float, _is_dtensor
+from ._bundle import GRAD_SCALE, _Bundle, _float, _is_dtensor
+from ._dtensor import ShardedParams
+from ._local import LocalParams
+from ._params import Options, ParamSet, StepHooks
 from ._views import ParamState
 
 
@@ -94,6 +96,17 @@ _TORCH_REFUSED = ("maximize", "differentiable", "capturable")
 _TORCH_IGNORED = ("foreach", "fused")
 
 
+def _choose_param_set(current: ParamSet, params: List[Any]) -> ParamSet:
+    """The one choice of implementation (as torch's adam() picks fused,
+    foreach or single-tensor once): an optimizer's parameters are
+    LocalParams until its first parameter, which makes them ShardedParams
+    for good when it is a DTensor. Each set refuses the other kind."""
+    if (isinstance(current, LocalParams) and current.num_params == 0
+            and any(_is_dtensor(p) for p in params)):
+        return ShardedParams()
+    return current
+
+
 class FlashOptimizer(Optimizer):
     """The base of the five optimizers (not used directly).
 
@@ -140,62 +153,18 @@ class FlashOptimizer(Optimizer):
         self.arithmetic = arithmetic
         self.numerics = numerics
         self._check_numerics_each_step = bool(check_numerics)
-        self._bundles: Dict[tuple, _Bundle] = {}
-        self._where: Dict[int, tuple] = {}  # id(param) -> (bundle, index)
-        self._num_params = 0
+        # The parameters (_params.py): LocalParams, or ShardedParams once the
+        # first parameter is a DTensor (_choose_param_set).
+        self._param_set: ParamSet = LocalParams()
         self._gradient_release = None
         self._kernel_grad_scale = 1.0  # 1/GradScaler's scale for the step at hand
         self._constructor_lr = defaults["lr"]
-        # DTensor parameters (FSDP2, Replicate): _dtensor.ShardedParams, once
-        # the first is registered.
-        self._sharded = None
         super().__init__(params, defaults)
 
     # ---- parameters ----------------------------------------------------------------
-    def _mode(self, dtype) -> str:
-        return (f"{dtype} parameters, master_weight_bits={self.master_weight_bits}, "
-                f"quantize={self.quantize}, arithmetic={self.arithmetic!r}, "
-                f"numerics={self.numerics!r}")
-
-    def _check_param(self, p) -> None:
-        if not isinstance(p, torch.Tensor):
-            raise TypeError(f"flashopt: optimizer can only optimize Tensors, got {type(p).__name__}")
-        if _is_dtensor(p):
-            from ._dtensor import check_param
-            check_param(self, p)
-            return
-        if p.layout is not torch.strided:
-            raise TypeError(f"flashopt: parameters with layout {p.layout} are not supported")
-        if p.dtype not in _DTYPES:
-            raise TypeError(f"flashopt: {type(self).__name__} supports bfloat16, float16 and "
-                            f"float32 parameters, not {p.dtype} (shape {tuple(p.shape)})")
-        _device_key(p.device)
-        if not p.is_contiguous():
-            raise ValueError(f"flashopt: parameters must be contiguous (shape {tuple(p.shape)})")
-        if p.numel() == 0:
-            raise ValueError("flashopt: empty parameters are not supported")
-        if p.data_ptr() % 16:
-            raise ValueError(f"flashopt: parameter memory must be 16-byte aligned "
-                             f"(shape {tuple(p.shape)} at {p.data_ptr():#x})")
-
-    @staticmethod
-    def _bundle_key(p: torch.Tensor) -> tuple:
-        return (p.dtype, _device_key(p.device))
-
-    def _mark_state(self, p, b: _Bundle, index: int) -> None:
-        """opt.state[p]: a view of p's state in libflashopt with torch's
-        keys, decoded when read (_views.ParamState). flashopt's states exist
-        from registration, so `state` is never empty either
-        (torch.distributed.checkpoint's get/set_optimizer_state_dict run a
-        step with zero gradients when it is, to create torch.optim's lazy
-        states, which would advance step counters)."""
-        self.state[p] = ParamState(b, index, p)
-
-    def _add_dtensor_group(self, param_group: Dict[str, Any], params) -> None:
-        """add_param_group for DTensor parameters (_dtensor.add_group): every
-        rank calls it alike; a mismatch across ranks is an error on every rank."""
-        from . import _dtensor
-        _dtensor.add_group(self, param_group, params, super().add_param_group)
+    def _options(self) -> Options:
+        return Options(type(self).__name__, self._rule, self.master_weight_bits, self.quantize,
+                       self.arithmetic, self.numerics)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         params = param_group["params"]
@@ -205,33 +174,10 @@ class FlashOptimizer(Optimizer):
             raise TypeError("optimizer parameters need to be organized in ordered collections")
         else:
             params = list(params)
-        if self._sharded is not None or any(_is_dtensor(p) for p in params):
-            return self._add_dtensor_group(param_group, params)
-        for p in params:
-            self._check_param(p)
-        # Bundles for every (dtype, device) first: a missing one changes nothing.
-        new_bundles = {}
-        for p in params:
-            key = self._bundle_key(p)
-            if key not in self._bundles and key not in new_bundles:
-                spec = _specs.select(self._rule, p.dtype, self.master_weight_bits,
-                                     self.quantize, self.arithmetic, self.numerics,
-                                     owner=type(self).__name__)
-                new_bundles[key] = _Bundle(type(self).__name__, spec, p.dtype, p.device,
-                                           self._mode(p.dtype))
-        # Overlapping memory (two views of one storage) is refused by the library;
-        # check here so that nothing is half registered (sorted spans: O(n log n)).
-        # The same tensor twice is torch's business (a warning within a group,
-        # an error across groups); it is registered once.
-        spans = sorted({id(q): (self._bundle_key(q)[1], q.data_ptr(),
-                                q.data_ptr() + q.numel() * q.element_size())
-                        for q in [*(q for g in self.param_groups for q in g["params"]),
-                                  *params]}.values())
-        for (d0, _, e0), (d1, s1, _) in zip(spans, spans[1:]):
-            if d0 == d1 and s1 < e0:
-                raise ValueError("flashopt: two parameters share memory (views of one "
-                                 "tensor, or one tensor given twice); register each tensor "
-                                 "once")
+        ps = _choose_param_set(self._param_set, params)
+        # Every check before anything changes (DTensors: alike on every rank).
+        prepared = ps.prepare(params, self.param_groups, self._options(),
+                              self._gradient_release is not None)
         param_group = dict(param_group)
         param_group["params"] = params
         super().add_param_group(param_group)  # torch's checks: duplicates, defaults
@@ -240,18 +186,23 @@ class FlashOptimizer(Optimizer):
         # setdefault keeps it); decouple_lr divides by it.
         group.setdefault("initial_lr", _float(group["lr"]))
         gi = len(self.param_groups) - 1
-        self._bundles.update(new_bundles)
-        for p in params:
-            if id(p) in self._where:
-                continue
-            b = self._bundles[self._bundle_key(p)]
-            idx = b.add(p, gi, self._num_params)
-            self._where[id(p)] = (b, idx)
-            self._num_params += 1
-            self._mark_state(p, b, idx)
-        for b in self._bundles.values():
-            b.ensure_groups(len(self.param_groups))
+        self._param_set = ps
+        ps.add_group(prepared, group, gi, self._mark_state)
         self._sync_group(gi)
+
+    def _mark_state(self, p) -> None:
+        """opt.state[p]: a view of p's state in libflashopt with torch's
+        keys, decoded when read (_views.ParamState; ShardedParamState for a
+        DTensor). flashopt's states exist from registration, so `state` is
+        never empty either (torch.distributed.checkpoint's
+        get/set_optimizer_state_dict run a step with zero gradients when it
+        is, to create torch.optim's lazy states, which would advance step
+        counters)."""
+        self.state[p] = self._param_set.state_view(p, self._plain_state_view)
+
+    def _plain_state_view(self, bundle: _Bundle, index: int, p) -> ParamState:
+        """opt.state[p] of a plain tensor (the compat module's has FlashOptim's keys)."""
+        return ParamState(bundle, index, p)
 
     # ---- hyper-parameters ----------------------------------------------------------
     def _hypers(self, group: Dict[str, Any]) -> Dict[str, float]:
@@ -266,7 +217,7 @@ class FlashOptimizer(Optimizer):
 
     def _sync_group(self, gi: int):
         values = self._hypers(self.param_groups[gi])
-        for b in self._bundles.values():
+        for b in self._param_set.bundles():
             for name, v in values.items():
                 if name in b.hyper_names:
                     b.set_hyper(gi, name, v)
@@ -293,43 +244,17 @@ class FlashOptimizer(Optimizer):
         return True
 
     # ---- stepping --------------------------------------------------------------------
-    def _gather(self, b: _Bundle):
-        """Checks every gradient of a bundle; returns (present indices, changed
-        indices, changed pointers, all present)."""
-        present, ch_i, ch_p = [], [], []
-        gd = b.grad_dtype
-        ptrs = b.grad_ptrs
-        for i, p in enumerate(b.params):
-            g = p.grad
-            if g is None:
-                continue
-            if g.layout is not torch.strided:
-                raise RuntimeError(f"flashopt: {type(self).__name__} does not support sparse "
-                                   f"gradients (parameter p{b.global_ids[i]}, shape "
-                                   f"{tuple(p.shape)}); nothing was stepped")
-            if g.dtype is not gd:
-                raise TypeError(f"flashopt: gradient of p{b.global_ids[i]} is {g.dtype}, "
-                                f"{b.spec} takes {gd}; nothing was stepped")
-            if g.device != p.device:
-                raise ValueError(f"flashopt: gradient of p{b.global_ids[i]} is on {g.device}, "
-                                 f"its parameter on {p.device}; nothing was stepped")
-            if not g.is_contiguous():
-                raise ValueError(f"flashopt: gradient of p{b.global_ids[i]} is not contiguous; "
-                                 "nothing was stepped")
-            ptr = g.data_ptr()
-            if ptr % 16:
-                raise ValueError(f"flashopt: gradient of p{b.global_ids[i]} is not 16-byte "
-                                 "aligned; nothing was stepped")
-            present.append(i)
-            if ptr != ptrs[i]:
-                ch_i.append(i)
-                ch_p.append(ptr)
-        return present, ch_i, ch_p, len(present) == len(b.params)
+    def _before_step(self) -> None:
+        self._sync_hypers()
+        if self._check_numerics_each_step:
+            self.check_numerics()
 
-    @staticmethod
-    def _stream(b: _Bundle):
-        """torch's current stream on a CUDA bundle's device (None on the CPU)."""
-        return torch.cuda.current_stream(b.device) if b.device.type == "cuda" else None
+    def _agreed_hypers(self):
+        return [self._hypers(g) for g in self.param_groups], self._kernel_grad_scale
+
+    def _step_hooks(self) -> StepHooks:
+        return StepHooks(type(self).__name__, self._before_step, self._sync_group,
+                         self._agreed_hypers)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
@@ -342,61 +267,17 @@ class FlashOptimizer(Optimizer):
             warnings.warn("flashopt: step() does nothing while gradient release is enabled "
                           "(parameters are stepped during backward)")
             return loss
-        if self._sharded is not None:
-            # Every rank steps, and the ranks agree on GradScaler's found_inf
-            # in the step's one collective (_dtensor.py).
-            go = self._take_amp_scaling()
-            self._sync_hypers()
-            if self._check_numerics_each_step:
-                self.check_numerics()
-            self._sharded.step(go, self._stream)
-            return loss
-        if not self._take_amp_scaling():
-            return loss  # GradScaler found an inf: nothing changes, no counter moves
-        self._sync_hypers()
-        if self._check_numerics_each_step:
-            self.check_numerics()
-        plans = [(b, self._gather(b)) for b in self._bundles.values()]
-        for b, (present, ch_i, ch_p, full) in plans:
-            if not present:
-                continue
-            wait = b.order_after(self._stream(b))
-            b.set_grads(ch_i, ch_p)
-            if full:
-                b.step()
-            else:  # torch skips parameters without gradient
-                for i in present:
-                    b.step_param(i)
-            if wait:
-                b.synchronize()
+        self._param_set.step(self._take_amp_scaling(), self._step_hooks())
         return loss
 
     def _step_one(self, p: torch.Tensor):
         """Steps one parameter now (gradient release)."""
-        if self._sharded is not None:
-            # FSDP2 calls the hook after the reduce-scatter, on every rank in
-            # the same order: the parameter's split groups are exchanged.
-            lay = self._sharded.layout_of(p)
-            self._sync_group(lay.gi)
-            self._sharded.step(True, self._stream, only=lay)
-            return
-        b, i = self._where[id(p)]
-        g = p.grad
-        if g is None:
-            return
-        self._sync_group(b.groups[i])
-        if g.layout is not torch.strided:
-            raise RuntimeError("flashopt: sparse gradients are not supported")
-        b.set_grad(i, g)
-        wait = b.order_after(self._stream(b))
-        b.step_param(i)
-        if wait:
-            b.synchronize()
+        self._param_set.step_one(p, self._step_hooks())
 
     def step_param(self, p: torch.Tensor, group: Optional[Dict[str, Any]] = None) -> None:
         """Steps parameter p alone now, with the hyper-parameters of its param
         group (`group`, if given, must be that group). Its gradient stays."""
-        if id(p) not in self._where:
+        if p not in self._param_set:
             raise ValueError(f"flashopt: step_param: the parameter (shape {tuple(p.shape)}) is "
                              "not in this optimizer")
         if group is not None and not any(q is p for q in group["params"]):
@@ -413,57 +294,32 @@ class FlashOptimizer(Optimizer):
 
     # ---- reports ---------------------------------------------------------------------
     def memory_report(self) -> Dict[str, float]:
-        """Exact optimizer-side bytes (libflashopt's report summed over bundles)."""
-        if self._sharded is not None:
-            return self._sharded.memory()  # this rank's
-        keys = ["numel", "param_bytes", "correction_bytes", "grad_bytes", "state_bytes",
-                "total_bytes", "total_bytes_with_grad_release", "allocated_bytes"]
-        out = {k: 0 for k in keys}
-        for b in self._bundles.values():
-            r = b.memory()
-            for k in keys:
-                out[k] += getattr(r, k)
-        n = max(out["numel"], 1)
-        # The library counts grad bytes only for registered gradients; count the
-        # gradient of every parameter (what backward allocates).
-        out["grad_bytes"] = sum(p.numel() * p.element_size()
-                                for g in self.param_groups for p in g["params"])
-        out["total_bytes"] = out["param_bytes"] + out["correction_bytes"] + out["grad_bytes"] + \
-            out["state_bytes"]
-        out["total_bytes_with_grad_release"] = out["total_bytes"] - out["grad_bytes"]
-        out["bytes_per_param"] = out["total_bytes"] / n
-        out["bytes_per_param_with_grad_release"] = out["total_bytes_with_grad_release"] / n
-        return out
+        """Exact optimizer-side bytes (libflashopt's report summed over
+        bundles; DTensor parameters: this rank's)."""
+        return self._param_set.memory(self.param_groups)
 
     def specs(self) -> List[str]:
         """The bundles in use, one per (dtype, device)."""
-        return [b.spec for b in self._bundles.values()]
+        return [b.spec for b in self._param_set.bundles()]
 
     def check_numerics(self) -> List[L.NumericsReport]:
         """Raises NumericsError when some group's lr cannot move its largest
-        weight at this master-weight precision (or a parameter is NaN/Inf)."""
+        weight at this master-weight precision (or a parameter is NaN/Inf).
+        Collective for DTensor parameters."""
         self._sync_hypers()
-        if self._sharded is not None:
-            return self._sharded.check_numerics()  # collective
-        return [b.check_numerics() for b in self._bundles.values()]
+        return self._param_set.check_numerics()
 
     # ---- master weights ----------------------------------------------------------------
     def export_master(self, p: torch.Tensor) -> torch.Tensor:
         """The fp32 master weight of parameter p (p plus its correction term);
         a DTensor placed like p for a DTensor parameter."""
-        if self._sharded is not None:
-            return self._sharded.export_master(p)
-        b, i = self._where[id(p)]
-        return b.export_master(i).reshape(p.shape).to(p.device)
+        return self._param_set.export_master(p)
 
     def import_master(self, p: torch.Tensor, value: torch.Tensor) -> None:
         """Sets parameter p (and its correction term) from an fp32 master weight.
         DTensor parameters: `value` is a DTensor placed like p or the full
         tensor, and the call is collective (every rank, same order)."""
-        if self._sharded is not None:
-            return self._sharded.import_master(p, value)
-        b, i = self._where[id(p)]
-        b.import_master(i, value)
+        self._param_set.import_master(p, value)
 
     def get_fp32_model_state_dict(self, model: torch.nn.Module) -> Dict[str, torch.Tensor]:
         """model.state_dict() with every optimized parameter as its fp32 master weight."""
@@ -481,7 +337,7 @@ class FlashOptimizer(Optimizer):
         """Loads fp32 master weights (and the model's other entries)."""
         optimized = {}
         for n, p in model.named_parameters():
-            if id(p) in self._where:
+            if p in self._param_set:
                 optimized[n] = p
         rest = {k: v for k, v in state_dict.items() if k not in optimized}
         missing = [n for n in optimized if n not in state_dict]
@@ -493,47 +349,32 @@ class FlashOptimizer(Optimizer):
 
     # ---- checkpoints -------------------------------------------------------------------
     def _bundle_list(self) -> List[_Bundle]:
-        return list(self._bundles.values())
+        return self._param_set.bundles()
 
     def checkpoint_paths(self, path) -> List[str]:
         """The files of a checkpoint at `path`: `path` for the first bundle,
         `path.<spec>` for the others."""
-        return [str(path) if k == 0 else f"{path}.{b.spec}"
-                for k, b in enumerate(self._bundle_list())]
+        return self._param_set.checkpoint_paths(path)
 
     def save_checkpoint(self, path, compressed: bool = True) -> None:
         """A safetensors checkpoint written by libflashopt (atomic). With more
         than one bundle (mixed dtypes), one file per bundle
-        (checkpoint_paths)."""
-        self._no_files_for_dtensors()
-        fmt = L.CHECKPOINT_COMPRESSED if compressed else L.CHECKPOINT_F32
-        for b, f in zip(self._bundle_list(), self.checkpoint_paths(path)):
-            b.save(f, fmt)
+        (checkpoint_paths). Not for DTensor parameters (DCP's)."""
+        self._param_set.save_checkpoint(path, L.CHECKPOINT_COMPRESSED if compressed
+                                     else L.CHECKPOINT_F32)
 
     def load_checkpoint(self, path) -> None:
         """Loads what save_checkpoint wrote (same spec, same parameters);
         hyper-parameters come back into param_groups."""
-        self._no_files_for_dtensors()
-        files = self.checkpoint_paths(path)
-        for f in files:
-            if not os.path.isfile(f):
-                raise FileNotFoundError(f"flashopt: checkpoint {f} not found")
-        for b, f in zip(self._bundle_list(), files):
-            b.load(f)
+        self._param_set.load_checkpoint(path)
         self._hypers_from_bundles()
-
-    def _no_files_for_dtensors(self):
-        if self._sharded is not None:
-            raise NotImplementedError(
-                "flashopt: save_checkpoint/load_checkpoint write one process's files; with "
-                "DTensor (FSDP2) parameters use torch.distributed.checkpoint: "
-                "get_optimizer_state_dict / set_optimizer_state_dict with dcp.save / dcp.load")
 
     def _hypers_from_bundles(self):
         """param_groups[i] hyper-parameters from the first bundle (after a load)."""
-        if not self._bundles:
+        bundles = self._bundle_list()
+        if not bundles:
             return
-        b = self._bundle_list()[0]
+        b = bundles[0]
         for gi, group in enumerate(self.param_groups):
             self._group_from_hypers(group, {n: b.get_hyper(gi, n) for n in b.hyper_names})
         self._sync_hypers()
@@ -553,38 +394,17 @@ class FlashOptimizer(Optimizer):
 
         DTensor (FSDP2) parameters: the same entries as DTensors of global
         shapes, for torch.distributed.checkpoint (_dtensor_dcp.py)."""
-        if self._sharded is not None:
-            if fp32_states:
-                raise NotImplementedError(
-                    "flashopt: state_dict(fp32_states=True) is not available for DTensor "
-                    "(FSDP2) parameters; save the compact state dict with "
-                    "torch.distributed.checkpoint, and export fp32 from a single process "
-                    "(get_optimizer_state_dict(..., full_state_dict=True) loads into one)")
-            return self._sharded.state_dict(self.param_groups)
-        return _state.state_dict(self.param_groups, self._bundle_list(), fp32_states)
+        return self._param_set.state_dict(self.param_groups, fp32_states)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads a state_dict() of this optimizer exactly (its per-parameter
         "flashopt.spec" entries; also the first format's top-level
         'flashopt' entry), or the fp32 states of a torch.optim state dict of
-        the same parameters ('exp_avg', 'momentum_buffer', ...), encoded."""
+        the same parameters ('exp_avg', 'momentum_buffer', ...), encoded.
+        Collective for DTensor parameters (checked on every rank first)."""
         groups = state_dict["param_groups"]
         _state.check_groups(self.param_groups, groups)
-        if self._sharded is not None:
-            self._sharded.load_state_dict(state_dict)  # collective; checks first
-            self._groups_from(groups)
-            return
-        bundles = self._bundle_list()
-        # Every checkpoint is built and well-formed before any bundle changes;
-        # the library validates each fully before it changes anything.
-        for b, (data, buffers) in zip(bundles,
-                                      _state.checkpoints_from_state_dict(bundles, state_dict)):
-            b.load_checkpoint_bytes(data)
-            for (i, name), v in buffers.items():  # parameters and correction terms
-                if name == "param":
-                    b.params[i].detach().copy_(v)
-                else:
-                    b.write_buffer(i, name, v)
+        self._param_set.load_state_dict(state_dict)
         self._groups_from(groups)
 
     def _groups_from(self, groups) -> None:

@@ -1,54 +1,109 @@
-"""DTensor parameters: FSDP2 (`torch.distributed.fsdp.fully_shard`, placement
-Shard(0)) and Replicate, on a 1-D device mesh. This module holds
-ShardedParams, the DTensor parameters of one optimizer (registration, the
-step and its one collective, reports, master weights), and the optimizer's
-DTensor entry points (check_param, add_group). The scheme (numerics that do
-not depend on the world size, pieces, split groups) is described in
-_dtensor_layout.py, the exact state format in _dtensor_state.py, DCP's state
-dicts in _dtensor_dcp.py.
+"""ShardedParams: an optimizer's DTensor parameters (the ParamSet of
+_params.py for FSDP2's `torch.distributed.fsdp.fully_shard`, placement
+Shard(0), and Replicate, on a 1-D device mesh): their registration as pieces,
+the step and its one collective, the reports and the master weights. The
+scheme (numerics that do not depend on the world size, pieces, split groups)
+is described in _dtensor_layout.py, the exchange between the ranks in
+_dtensor_exchange.py, the exact state format in _dtensor_state.py, DCP's
+state dicts in _dtensor_dcp.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from . import _dtensor_dcp
 from . import _lib as L
-from ._bundle import _DTYPES, _Bundle, _device_key, _float, _is_dtensor
-from ._dtensor_layout import (Layout, _bytes_of, _chunk_rows, _Packing, _Piece, _types,
-                              first_rank_error, placement_error)
-from ._dtensor_state import SPEC_KEY, STEP_KEY, plain_checkpoint  # noqa: F401 (re-exported)
+from ._bundle import _DTYPES, _Bundle, _device_key, _is_dtensor
+from ._collectives import on_every_rank, raise_on_every_rank
+from ._dtensor_exchange import HEADER, Packing, Ranks, header
+from ._dtensor_layout import Layout, Piece, chunk_rows, dtensor_types, placement_error
+from ._params import MIXED_KINDS, Options, ParamSet, StepHooks, bundle_key, current_stream
 from ._views import ShardedParamState
 
-_HEADER = 256  # bytes of each rank's step header (flags, signature, error text)
-_ERROR_BYTES = 200
+
+class _Prepared(NamedTuple):
+    params: List[Any]
+    opts: Options
 
 
-class ShardedParams:
+class ShardedParams(ParamSet):
     """The DTensor parameters of one optimizer (all on one 1-D mesh)."""
 
-    def __init__(self, owner):
-        self.owner = owner
+    def __init__(self):
+        super().__init__()
         self.layouts: List[Layout] = []
         self._by_id: Dict[int, Layout] = {}
-        self.mesh = None
-        self.group = None
-        self.rank, self.W = 0, 1
-        self.device = None
-        self._packings: Dict[Any, _Packing] = {}
+        self.ranks: Optional[Ranks] = None  # the mesh's, from the first param group
+        self._packings: Dict[Any, Packing] = {}
+
+    def __contains__(self, p) -> bool:
+        return id(p) in self._by_id
+
+    def layout_of(self, p) -> Layout:
+        lay = self._by_id.get(id(p))
+        if lay is None or lay.p is not p:
+            raise KeyError("flashopt: the parameter is not in this optimizer")
+        return lay
 
     # ---- registration ----------------------------------------------------------------
+    def check_param(self, p, opts: Options) -> None:
+        """A DTensor parameter: checks that depend only on its global
+        metadata (the same verdict on every rank, so no rank waits for
+        another in a collective)."""
+        where = f"parameter {self.num_params} (shape {tuple(p.shape)})"
+        err = placement_error(p, where)
+        if err is not None:
+            raise TypeError(err)
+        if p.dtype not in _DTYPES:
+            raise TypeError(f"flashopt: {opts.owner} supports bfloat16, float16 and "
+                            f"float32 parameters, not {p.dtype} ({where})")
+        _device_key(p.device)
+        if p.numel() == 0:
+            raise ValueError(f"flashopt: empty parameters are not supported ({where})")
+
+    def prepare(self, params, param_groups, opts: Options, gradient_release: bool) -> _Prepared:
+        """Every rank calls it alike, and add_group after it; a mismatch
+        across ranks is an error on every rank."""
+        if not all(_is_dtensor(p) for p in params):
+            raise TypeError(MIXED_KINDS)
+        for p in params:
+            self.check_param(p, opts)
+        if gradient_release:
+            raise RuntimeError("flashopt: add parameters before enabling gradient release")
+        return _Prepared(params, opts)
+
+    def add_group(self, prepared: _Prepared, group: Dict[str, Any], gi: int,
+                  mark: Callable[[torch.Tensor], None]) -> None:
+        opts = prepared.opts
+
+        def bundle_of(p):
+            local = p.to_local()
+            key = bundle_key(local)
+            if key not in self._bundles:
+                self._bundles[key] = opts.new_bundle(p.dtype, local.device)
+            return self._bundles[key]
+
+        first = self.num_params
+        fresh = [p for p in prepared.params if id(p) not in self._by_id]
+        self._register_group(fresh, group, gi, first, opts, bundle_of)
+        for p in fresh:
+            mark(p)
+        self.num_params += len(fresh)
+        self._ensure_groups(gi + 1)
+
+    def state_view(self, p, plain_view) -> ShardedParamState:
+        return ShardedParamState(self.layout_of(p))
+
     def _collective_check(self, what: List[Any], where: str):
         """Every rank's `what` (picklable) against rank 0's: a ValueError on
         every rank naming the first difference."""
-        got = [None] * self.W
-        dist.all_gather_object(got, what, group=self.group)
-        for q in range(1, self.W):
+        got = [None] * self.ranks.W
+        dist.all_gather_object(got, what, group=self.ranks.group)
+        for q in range(1, self.ranks.W):
             if got[q] != got[0]:
                 a, b = got[0], got[q]
                 detail = ""
@@ -63,60 +118,53 @@ class ShardedParams:
                                  "rank must build the optimizer with the same parameters "
                                  "and options; nothing was registered")
 
-    def add_group(self, params, group: Dict[str, Any], gi: int, first_gid: int,
-                  bundles: Dict[tuple, _Bundle], make_bundle) -> None:
+    def _register_group(self, params, group: Dict[str, Any], gi: int, first_gid: int,
+                        opts: Options, make_bundle) -> None:
         """Registers a param group of DTensor parameters (called on every rank,
         in the same order). `make_bundle(p)` returns the bundle of a local
         dtype, creating it."""
-        DTensor, Replicate, Shard = _types()
         mesh = params[0].device_mesh
-        if self.mesh is None:
-            self.mesh = mesh
-            self.group = mesh.get_group()
-            self.rank, self.W = mesh.get_local_rank(), mesh.size()
+        if self.ranks is None:
+            self.ranks = Ranks(mesh)
         for p in params:
-            if p.device_mesh != self.mesh:
+            if p.device_mesh != self.ranks.mesh:
                 raise ValueError("flashopt: DTensor parameters on different device meshes; "
                                  "one optimizer steps parameters of one mesh")
-        o = self.owner
-        sig = [type(o).__name__, o.master_weight_bits, o.quantize, o.arithmetic, o.numerics,
-               self.W, gi, sorted((k, repr(v)) for k, v in group.items() if k != "params")]
+        sig = [opts.owner, opts.master_weight_bits, opts.quantize, opts.arithmetic,
+               opts.numerics, self.ranks.W, gi,
+               sorted((k, repr(v)) for k, v in group.items() if k != "params")]
         sig += [(tuple(p.shape), str(p.dtype), str(p.placements[0])) for p in params]
         self._collective_check(sig, "the param group " + str(gi))
+
         # Registration can fail on one rank only (e.g. a piece the device
         # cannot address): every rank learns it.
-        err = ""
-        try:
-            gid = first_gid
-            for p in params:
+        def register():
+            for gid, p in enumerate(params, first_gid):
                 self._register(p, gid, gi, make_bundle(p))
-                gid += 1
-        except Exception as e:
-            err = f"{type(e).__name__}: {e}"
-        failed = first_rank_error(err, self.group, self.W)
-        if failed:
-            q, e = failed
-            raise RuntimeError(f"flashopt: rank {q} could not register the param group "
-                               f"{gi}: {e}")
+
+        on_every_rank(register, self.ranks.group, self.ranks.W,
+                      lambda q, e: RuntimeError(f"flashopt: rank {q} could not register the "
+                                                f"param group {gi}: {e}"))
         self._packings = {}
 
     @torch.no_grad()
     def _register(self, p, gid: int, gi: int, b: _Bundle) -> None:
-        DTensor, Replicate, Shard = _types()
+        DTensor, Replicate, Shard = dtensor_types()
         G = int(b.info.group_size)
         N = p.numel()
         replicate = type(p.placements[0]) is Replicate
         shape = tuple(p.shape)
+        W = self.ranks.W
         if replicate:
-            ranges = [(0, N)] * self.W
+            ranges = [(0, N)] * W
         else:
             R = shape[0]
             rowlen = N // R if R else 0
             ranges = []
-            for q in range(self.W):
-                a, c = _chunk_rows(R, self.W, q)
+            for q in range(W):
+                a, c = chunk_rows(R, W, q)
                 ranges.append((a * rowlen, c * rowlen))
-        lay = Layout(gid, gi, shape, N, G, ranges, self.rank)
+        lay = Layout(gid, gi, shape, N, G, ranges, self.ranks.rank)
         lay.p, lay.bundle = p, b
         local = p.to_local()
         if local.numel() != lay.n:
@@ -124,8 +172,8 @@ class ShardedParams:
                                f"elements where torch.chunk's split gives {lay.n}")
         if lay.n and not local.is_contiguous():
             raise ValueError(f"flashopt: p{gid}: the local shard is not contiguous")
-        if self.device is None:
-            self.device = local.device
+        if self.ranks.device is None:
+            self.ranks.device = local.device
         flat = local.reshape(-1)
         lay.local_ptr = local.data_ptr() if lay.n else 0
         for a, c, scratch in lay.piece_ranges():
@@ -135,26 +183,34 @@ class ShardedParams:
                 x, y = max(a, lay.s), min(c, lay.e)
                 prm[x - a:y - a] = flat[x - lay.s:y - lay.s]
                 grd = torch.zeros(c - a, dtype=b.grad_dtype, device=local.device)
-                piece = _Piece(a, c, True, prm, grd, name)
+                piece = Piece(a, c, True, prm, grd, name)
                 piece.index = b.add_piece(prm, grd.data_ptr(), gi, gid, name, a)
             else:
                 prm = flat[a - lay.s:c - lay.s]
-                piece = _Piece(a, c, False, prm, None, name)
+                piece = Piece(a, c, False, prm, None, name)
                 piece.index = b.add_piece(prm, 0, gi, gid, name, a)
             lay.pieces.append(piece)
         self.layouts.append(lay)
         self._by_id[id(p)] = lay
 
     # ---- the step -----------------------------------------------------------------------
-    def _hyper_signature(self) -> bytes:
-        o = self.owner
-        vals = [sorted(o._hypers(g).items()) for g in o.param_groups]
-        return hashlib.blake2b(repr((vals, o._kernel_grad_scale)).encode(),
-                               digest_size=8).digest()
+    def step(self, go: bool, hooks: StepHooks) -> None:
+        # Every rank steps, and the ranks agree on GradScaler's found_inf in
+        # the step's one collective.
+        hooks.prepare()
+        self._step(go, hooks)
+
+    def step_one(self, p, hooks: StepHooks) -> None:
+        # FSDP2 calls the gradient-release hook after the reduce-scatter, on
+        # every rank in the same order: the parameter's split groups are
+        # exchanged.
+        lay = self.layout_of(p)
+        hooks.sync_group(lay.gi)
+        self._step(True, hooks, only=lay)
 
     def _local_grads(self, layouts: List[Layout]):
         """(error text, present flags, flat local gradients); checks only."""
-        DTensor, _, _ = _types()
+        DTensor, _, _ = dtensor_types()
         present, grads = [], []
         err = ""
         for lay in layouts:
@@ -195,85 +251,8 @@ class ShardedParams:
             grads.append(gl.reshape(-1))
         return err, present, grads
 
-    def _header(self, go: bool, err: str, present: List[int]) -> bytes:
-        body = struct.pack("<q", 1 if go else 0) + self._hyper_signature()
-        pres = hashlib.blake2b(bytes(present), digest_size=8).digest()
-        e = err.encode("utf-8", "replace")[:_ERROR_BYTES]
-        out = body + pres + struct.pack("<q", sum(present)) + struct.pack("<q", len(e)) + e
-        return out + b"\0" * (_HEADER - len(out))
-
-    @staticmethod
-    def _parse(h: bytes):
-        go = struct.unpack_from("<q", h, 0)[0]
-        hyp = h[8:16]
-        pres = h[16:24]
-        npres = struct.unpack_from("<q", h, 24)[0]
-        ne = struct.unpack_from("<q", h, 32)[0]
-        err = h[40:40 + ne].decode("utf-8", "replace")
-        return go, hyp, pres, npres, err
-
-    def _exchange(self, header: bytes, layouts: List[Layout],
-                  fields: List[List[Optional[torch.Tensor]]], packing: _Packing) -> torch.Tensor:
-        """All ranks' buffers (W, bytes): the header, then each halo layout's
-        split-group parts of each field (fields[layout][field]: its flat own
-        elements, or None to send zeros)."""
-        dev = self.device if self.device is not None else torch.device("cpu")
-        send = torch.zeros(packing.bytes, dtype=torch.uint8, device=dev)
-        if header:
-            send[:len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(dev)
-        for li, lay in enumerate(layouts):
-            if not lay.halo or lay.n == 0:
-                continue
-            for fi, own in enumerate(fields[li]):
-                if own is None:
-                    continue
-                for k, part in enumerate(lay.parts[self.rank]):
-                    if part is None:
-                        continue
-                    x, y = part
-                    at = packing.offsets[(li, fi, k)]
-                    send[at:at + 4 * (y - x)] = _bytes_of(own[x - lay.s:y - lay.s].float())
-        recv = torch.empty(self.W * packing.bytes, dtype=torch.uint8, device=dev)
-        if self.W == 1:
-            recv.copy_(send)
-        else:
-            dist.all_gather_into_tensor(recv, send, group=self.group)
-        return recv.view(self.W, packing.bytes)
-
-    def _fill(self, lay: Layout, li: int, fi: int, own: torch.Tensor, recv: torch.Tensor,
-              packing: _Packing, piece: _Piece, dest: torch.Tensor):
-        """dest (a split group's elements of field fi) from this rank's own
-        elements and the other ranks' parts."""
-        for q, x, y, slot in lay.segments(piece.start, piece.end):
-            if q == self.rank:
-                dest[x - piece.start:y - piece.start] = own[x - lay.s:y - lay.s]
-            else:
-                at = packing.offsets[(li, fi, slot)]
-                dest[x - piece.start:y - piece.start] = recv[q, at:at + 4 * (y - x)].view(
-                    torch.float32)
-
-    def _agree(self, recv: torch.Tensor):
-        """The ranks' headers, with the checks every rank makes alike."""
-        heads = [self._parse(recv[q, :_HEADER].cpu().numpy().tobytes()) for q in range(self.W)]
-        for q, h in enumerate(heads):
-            if h[4]:
-                raise RuntimeError(f"flashopt: rank {q} could not step: {h[4]}; nothing was "
-                                   "stepped on any rank")
-        for q in range(1, self.W):
-            if heads[q][2] != heads[0][2] or heads[q][3] != heads[0][3]:
-                raise RuntimeError(
-                    f"flashopt: ranks 0 and {q} have gradients for different parameters "
-                    f"({heads[0][3]} and {heads[q][3]} of them); every rank steps the same "
-                    "parameters. Nothing was stepped on any rank")
-            if heads[q][1] != heads[0][1]:
-                raise RuntimeError(
-                    f"flashopt: the hyper-parameters (lr, betas, weight decay, ..., "
-                    f"GradScaler's scale) differ between ranks 0 and {q}; nothing was "
-                    "stepped on any rank")
-        return heads
-
     @torch.no_grad()
-    def step(self, go: bool, stream_of, only: Optional[Layout] = None) -> bool:
+    def _step(self, go: bool, hooks: StepHooks, only: Optional[Layout] = None) -> bool:
         """One step of every DTensor parameter with a gradient, or of `only`
         (gradient release). Every rank calls it, for the same parameters.
         Returns whether it stepped (False: GradScaler found an inf on some
@@ -282,14 +261,15 @@ class ShardedParams:
         key = None if only is None else only.gid
         err, present, grads = self._local_grads(layouts)
         if key not in self._packings:
-            self._packings[key] = _Packing(layouts, 2, _HEADER)
+            self._packings[key] = Packing(layouts, 2, HEADER)
         packing = self._packings[key]
         fields = []
         for li, lay in enumerate(layouts):
             own_p = lay.p.to_local().reshape(-1) if lay.n else None
             fields.append([grads[li], own_p])
-        recv = self._exchange(self._header(go, err, present), layouts, fields, packing)
-        heads = self._agree(recv)
+        recv = self.ranks.exchange(header(go, hooks.hypers(), err, present), layouts, fields,
+                                   packing)
+        heads = self.ranks.agree(recv)
         if not all(h[0] for h in heads):
             return False
         # Fill the split groups; point the middle pieces at the gradients.
@@ -303,8 +283,8 @@ class ShardedParams:
             for pc in lay.pieces:
                 plan[1].append(pc.index)
                 if pc.scratch:
-                    self._fill(lay, li, 0, g, recv, packing, pc, pc.grad)
-                    self._fill(lay, li, 1, fields[li][1], recv, packing, pc, pc.param)
+                    self.ranks.fill(lay, li, 0, g, recv, packing, pc, pc.grad)
+                    self.ranks.fill(lay, li, 1, fields[li][1], recv, packing, pc, pc.param)
                 else:
                     ptr = g.data_ptr() + (pc.start - lay.s) * g.element_size()
                     if b.grad_ptrs[pc.index] != ptr:
@@ -313,7 +293,7 @@ class ShardedParams:
         for b, idx, ch_i, ch_p in plans.values():
             if not idx:
                 continue
-            wait = b.order_after(stream_of(b))
+            wait = b.order_after(current_stream(b))
             b.set_grads(ch_i, ch_p)
             if len(idx) == len(b.params):
                 b.step()
@@ -355,15 +335,7 @@ class ShardedParams:
                 own[x - lay.s:y - lay.s] = pc.param[x - pc.start:y - pc.start]
 
     # ---- reports, master weights ----------------------------------------------------------
-    def bundles(self) -> List[_Bundle]:
-        out, seen = [], set()
-        for lay in self.layouts:
-            if id(lay.bundle) not in seen:
-                seen.add(id(lay.bundle))
-                out.append(lay.bundle)
-        return out
-
-    def memory(self) -> Dict[str, float]:
+    def memory(self, param_groups) -> Dict[str, float]:
         """This rank's bytes: its shard (owned elements), the split groups'
         scratch parameters and gradients, and the library's correction terms
         and states (split groups counted on every rank that holds them)."""
@@ -410,25 +382,18 @@ class ShardedParams:
                 err = err or (msg[:-len(suffix)] if msg.endswith(suffix) else msg)
                 code, rep = e.code, e.report
                 reports.append(e.report)
-        failed = first_rank_error(err, self.group, self.W)
-        if failed:
-            q, e = failed
-            raise L.NumericsError(code or L.ERROR_NUMERICS,
-                                  f"flashopt: check_numerics failed on rank {q}: {e}",
-                                  rep if q == self.rank else L.NumericsReport())
+        raise_on_every_rank(
+            err, self.ranks.group, self.ranks.W,
+            lambda q, e: L.NumericsError(code or L.ERROR_NUMERICS,
+                                         f"flashopt: check_numerics failed on rank {q}: {e}",
+                                         rep if q == self.ranks.rank else L.NumericsReport()))
         return reports
-
-    def layout_of(self, p) -> Layout:
-        lay = self._by_id.get(id(p))
-        if lay is None or lay.p is not p:
-            raise KeyError("flashopt: the parameter is not in this optimizer")
-        return lay
 
     @torch.no_grad()
     def export_master(self, p):
         """The fp32 master weights of DTensor parameter p, as a DTensor placed
         like p (this rank's elements; no communication)."""
-        DTensor, _, _ = _types()
+        DTensor, _, _ = dtensor_types()
         lay = self.layout_of(p)
         self._refresh(lay)
         local = p.to_local()
@@ -437,7 +402,7 @@ class ShardedParams:
             m = lay.bundle.export_master(pc.index)
             x, y = max(pc.start, lay.s), min(pc.end, lay.e)
             own[x - lay.s:y - lay.s] = m[x - pc.start:y - pc.start]
-        return DTensor.from_local(own.reshape(local.shape).to(local.device), self.mesh,
+        return DTensor.from_local(own.reshape(local.shape).to(local.device), self.ranks.mesh,
                                   p.placements, run_check=False, shape=p.shape,
                                   stride=p.stride())
 
@@ -446,7 +411,7 @@ class ShardedParams:
         """Sets DTensor parameter p from fp32 master weights: a DTensor placed
         like p, or the full tensor. Collective: every rank calls it for the
         same parameters in the same order (the split groups are exchanged)."""
-        DTensor, _, _ = _types()
+        DTensor, _, _ = dtensor_types()
         lay = self.layout_of(p)
         if isinstance(value, DTensor):
             own = value.to_local().detach().reshape(-1)
@@ -460,21 +425,27 @@ class ShardedParams:
             raise ValueError(f"flashopt: import_master: {own.numel()} local values where "
                              f"this rank holds {lay.n}")
         own = own.to(device="cpu", dtype=torch.float32)
-        packing = _Packing([lay], 1, 0)
-        recv = self._exchange(b"", [lay], [[own]], packing).cpu() if lay.halo else None
+        packing = Packing([lay], 1, 0)
+        recv = self.ranks.exchange(b"", [lay], [[own]], packing).cpu() if lay.halo else None
         for pc in lay.pieces:
             vals = torch.empty(pc.end - pc.start, dtype=torch.float32)
             if pc.scratch:
-                self._fill(lay, 0, 0, own, recv, packing, pc, vals)
+                self.ranks.fill(lay, 0, 0, own, recv, packing, pc, vals)
             else:
                 vals.copy_(own[pc.start - lay.s:pc.end - lay.s])
             lay.bundle.import_master(pc.index, vals)
         self._copy_back(lay)
 
-    # ---- state dicts (_dtensor_dcp.py) -------------------------------------------------
-    def state_dict(self, param_groups) -> Dict[str, Any]:
+    # ---- state dicts (_dtensor_dcp.py) and checkpoint files -------------------------------
+    def state_dict(self, param_groups, fp32_states: bool) -> Dict[str, Any]:
         """torch's layout: per parameter index "step", SPEC_KEY and the exact
         states as DTensors (_dtensor_dcp.state_dict). No communication."""
+        if fp32_states:
+            raise NotImplementedError(
+                "flashopt: state_dict(fp32_states=True) is not available for DTensor "
+                "(FSDP2) parameters; save the compact state dict with "
+                "torch.distributed.checkpoint, and export fp32 from a single process "
+                "(get_optimizer_state_dict(..., full_state_dict=True) loads into one)")
         return _dtensor_dcp.state_dict(self, param_groups)
 
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
@@ -482,65 +453,15 @@ class ShardedParams:
         (_dtensor_dcp.load_state_dict). Collective."""
         _dtensor_dcp.load_state_dict(self, sd)
 
+    @staticmethod
+    def _no_files():
+        raise NotImplementedError(
+            "flashopt: save_checkpoint/load_checkpoint write one process's files; with "
+            "DTensor (FSDP2) parameters use torch.distributed.checkpoint: "
+            "get_optimizer_state_dict / set_optimizer_state_dict with dcp.save / dcp.load")
 
-# ---- the optimizer's DTensor entry points (FlashOptimizer, _base.py) -----------------------
-def check_param(opt, p) -> None:
-    """A DTensor parameter of optimizer `opt`: checks that depend only on its
-    global metadata (the same verdict on every rank, so no rank waits for
-    another in a collective)."""
-    where = f"parameter {opt._num_params} (shape {tuple(p.shape)})"
-    err = placement_error(p, where)
-    if err is not None:
-        raise TypeError(err)
-    if p.dtype not in _DTYPES:
-        raise TypeError(f"flashopt: {type(opt).__name__} supports bfloat16, float16 and "
-                        f"float32 parameters, not {p.dtype} ({where})")
-    _device_key(p.device)
-    if p.numel() == 0:
-        raise ValueError(f"flashopt: empty parameters are not supported ({where})")
+    def save_checkpoint(self, path, fmt: int) -> None:
+        self._no_files()
 
-
-def add_group(opt, param_group: Dict[str, Any], params,
-              torch_add_param_group: Callable[[Dict[str, Any]], None]) -> None:
-    """add_param_group of optimizer `opt` for DTensor parameters: every rank
-    calls it alike; a mismatch across ranks is an error on every rank.
-    `torch_add_param_group` is torch.optim.Optimizer's (torch's checks:
-    duplicates, defaults)."""
-    from . import _specs
-    if not all(_is_dtensor(p) for p in params) or (opt._num_params and
-                                                    opt._sharded is None):
-        raise TypeError("flashopt: an optimizer steps either DTensor parameters (FSDP2's "
-                        "fully_shard, Replicate) or plain tensors, not both")
-    for p in params:
-        opt._check_param(p)
-    if opt._gradient_release is not None:
-        raise RuntimeError("flashopt: add parameters before enabling gradient release")
-    param_group = dict(param_group)
-    param_group["params"] = params
-    torch_add_param_group(param_group)
-    group = opt.param_groups[-1]
-    group.setdefault("initial_lr", _float(group["lr"]))
-    gi = len(opt.param_groups) - 1
-    if opt._sharded is None:
-        opt._sharded = ShardedParams(opt)
-
-    def bundle_of(p):
-        local = p.to_local()
-        key = opt._bundle_key(local)
-        if key not in opt._bundles:
-            spec = _specs.select(opt._rule, p.dtype, opt.master_weight_bits, opt.quantize,
-                                 opt.arithmetic, opt.numerics, owner=type(opt).__name__)
-            opt._bundles[key] = _Bundle(type(opt).__name__, spec, p.dtype, local.device,
-                                        opt._mode(p.dtype))
-        return opt._bundles[key]
-
-    first = opt._num_params
-    fresh = [p for p in params if id(p) not in opt._where]
-    opt._sharded.add_group(fresh, group, gi, first, opt._bundles, bundle_of)
-    for k, p in enumerate(fresh):
-        opt._where[id(p)] = (opt._sharded.layouts[-len(fresh) + k].bundle, -1)
-        opt.state[p] = ShardedParamState(opt._sharded.layouts[-len(fresh) + k])
-    opt._num_params += len(fresh)
-    for b in opt._bundles.values():
-        b.ensure_groups(len(opt.param_groups))
-    opt._sync_group(gi)
+    def load_checkpoint(self, path) -> None:
+        self._no_files()

@@ -13,9 +13,11 @@ import torch
 
 from . import _lib as L
 from . import _state
-from ._dtensor_layout import _Packing, _types, first_rank_error
-from ._dtensor_state import (SPEC_KEY, STEP_KEY, elem_buffers, entry_states, fill_pieces,
-                             own_states, scale_table)
+from ._collectives import on_every_rank
+from ._dtensor_exchange import Packing
+from ._dtensor_layout import dtensor_types
+from ._dtensor_state import elem_buffers, entry_states, fill_pieces, own_states, scale_table
+from ._views import SPEC_KEY, STEP_KEY
 
 
 @torch.no_grad()
@@ -23,8 +25,8 @@ def state_dict(sp, param_groups) -> Dict[str, Any]:
     """torch's layout: per parameter index "step", SPEC_KEY and the exact
     states as DTensors with the parameter's global shape (per-element
     buffers) or the scale table's (per-group buffers). No communication."""
-    DTensor, _, _ = _types()
-    groups, _ = _state._torch_groups(param_groups)
+    DTensor, _, _ = dtensor_types()
+    groups, _ = _state.torch_groups(param_groups)
     ckpt = {}
     for b in sp.bundles():
         if b.params:
@@ -40,13 +42,13 @@ def state_dict(sp, param_groups) -> Dict[str, Any]:
             v = own[name]
             if per == "element":
                 entry[name] = DTensor.from_local(
-                    v.reshape(local.shape).to(dev), sp.mesh, lay.p.placements,
+                    v.reshape(local.shape).to(dev), sp.ranks.mesh, lay.p.placements,
                     run_check=False, shape=lay.p.shape, stride=lay.p.stride())
             else:
                 t = scale_table(lay, v)
                 K = t.shape[1]
                 entry[name] = DTensor.from_local(
-                    t.to(dev), sp.mesh, lay.p.placements, run_check=False,
+                    t.to(dev), sp.ranks.mesh, lay.p.placements, run_check=False,
                     shape=torch.Size((lay.R, K)), stride=(K, 1))
         state[lay.gid] = entry
     return {"state": state, "param_groups": groups}
@@ -60,8 +62,9 @@ def load_state_dict(sp, sd: Dict[str, Any]) -> None:
     Everything is checked on every rank before any bundle changes."""
     keys = [k for g in sd["param_groups"] for k in g["params"]]
     st = sd["state"]
-    err, owns = "", []
-    try:
+
+    def check():
+        owns = []
         for lay in sp.layouts:
             key = keys[lay.gid]
             entry = st.get(key, st.get(str(key)))
@@ -69,21 +72,20 @@ def load_state_dict(sp, sd: Dict[str, Any]) -> None:
                 raise ValueError(f"flashopt: the state dict has no state for parameter "
                                  f"{key!r} (p{lay.gid})")
             owns.append(entry_states(lay, entry, lay.bundle))
-    except Exception as e:
-        err = f"{type(e).__name__}: {e}"
-    failed = first_rank_error(err, sp.group, sp.W)
-    if failed:
-        q, e = failed
-        raise ValueError(f"flashopt: loading the optimizer state failed on rank {q}: "
-                         f"{e}; nothing was loaded on any rank")
+        return owns
+
+    owns = on_every_rank(check, sp.ranks.group, sp.ranks.W,
+                         lambda q, e: ValueError(f"flashopt: loading the optimizer state failed "
+                                                 f"on rank {q}: {e}; nothing was loaded on any "
+                                                 f"rank"))
     # The split groups' other elements come from their ranks.
     nf = max((len(elem_buffers(lay.bundle)) for lay in sp.layouts), default=0)
-    packing = _Packing(sp.layouts, nf, 0)
+    packing = Packing(sp.layouts, nf, 0)
     fields = []
     for lay, (own, _) in zip(sp.layouts, owns):
         names = elem_buffers(lay.bundle)
         fields.append([own[n] for n in names] + [None] * (nf - len(names)))
-    recv = sp._exchange(b"", sp.layouts, fields, packing).cpu() if nf else None
+    recv = sp.ranks.exchange(b"", sp.layouts, fields, packing).cpu() if nf else None
     datas = []
     for b in sp.bundles():
         if not b.params:
@@ -95,7 +97,7 @@ def load_state_dict(sp, sd: Dict[str, Any]) -> None:
                 continue
             own, step = owns[li]
             fill_pieces(lay, own, tensors, b,
-                        lambda fi, pc, dest, lay=lay, li=li, own=own: sp._fill(
+                        lambda fi, pc, dest, lay=lay, li=li, own=own: sp.ranks.fill(
                             lay, li, fi, own[elem_buffers(b)[fi]], recv, packing, pc, dest))
             for pc in lay.pieces:
                 steps[pc.name] = step

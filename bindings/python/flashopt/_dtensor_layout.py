@@ -1,7 +1,7 @@
 """Where a DTensor parameter's elements are: the placement checks, the rows
-torch.chunk gives each rank, the pieces a rank registers with libflashopt
-(Layout), and the byte packing of the exchange. ShardedParams (_dtensor.py)
-steps them.
+torch.chunk gives each rank, and the pieces a rank registers with libflashopt
+(Layout). ShardedParams (_dtensor.py) steps them; _dtensor_exchange.py moves
+the split groups' elements between the ranks.
 
 Numerics that do not depend on the world size. A parameter's quantization
 groups are those of one process: groups of G (32) consecutive elements of the
@@ -34,14 +34,14 @@ boundary falls on a group boundary, e.g. rows of a multiple of 32 elements).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from ._bundle import _Bundle
 
 
-def _types():
+def dtensor_types():
     from torch.distributed.tensor import DTensor, Replicate, Shard
     return DTensor, Replicate, Shard
 
@@ -50,7 +50,7 @@ def placement_error(p, where: str) -> Optional[str]:
     """Why DTensor parameter `p` cannot be stepped (None: it can). Depends on
     global metadata only (mesh, placements, dtype), so every rank reaches the
     same verdict without communicating."""
-    DTensor, Replicate, Shard = _types()
+    DTensor, Replicate, Shard = dtensor_types()
     mesh = p.device_mesh
     if mesh.ndim != 1:
         return (f"flashopt: {where} is a DTensor on a {mesh.ndim}-D device mesh "
@@ -71,7 +71,7 @@ def placement_error(p, where: str) -> Optional[str]:
             "reconstruct; they are not supported")
 
 
-def _chunk_rows(R: int, W: int, q: int) -> Tuple[int, int]:
+def chunk_rows(R: int, W: int, q: int) -> Tuple[int, int]:
     """Rows [a, b) of rank q when torch.chunk splits R rows into W pieces
     (chunks of ceil(R / W); the last ranks may get fewer or none)."""
     cs = -(-R // W) if R else 0
@@ -90,11 +90,7 @@ def _split_parts(s: int, e: int, N: int, G: int):
     return first, last
 
 
-def _align8(n: int) -> int:
-    return (n + 7) // 8 * 8
-
-
-class _Piece:
+class Piece:
     """One library tensor of a parameter: elements [start, end) of the full
     tensor; `scratch`: a split group held whole (param and grad are scratch
     buffers), else a view of the local shard."""
@@ -123,7 +119,7 @@ class Layout:
         self.n = self.e - self.s
         self.parts = [_split_parts(a, b, N, G) for a, b in ranges]
         self.halo = any(f is not None or l is not None for f, l in self.parts)
-        self.pieces: List[_Piece] = []
+        self.pieces: List[Piece] = []
         self.step = 0
         self.p = None
         self.bundle: Optional[_Bundle] = None
@@ -185,40 +181,3 @@ class Layout:
 
     def own_rows(self) -> Tuple[int, int]:
         return self.s // self.L if self.L else 0, self.e // self.L if self.L else 0
-
-
-# ---- the exchange --------------------------------------------------------------------
-class _Packing:
-    """Byte offsets of the buffer every rank sends in an exchange: a header
-    of `header` bytes, then per halo layout and per field the rank's parts of
-    its first and last split groups (<= G - 1 elements each), as float32 (it
-    holds every param, gradient, code, scale and correction dtype exactly)."""
-
-    def __init__(self, layouts: List[Layout], fields: int, header: int):
-        self.offsets: Dict[Tuple[int, int, int], int] = {}
-        at = header
-        for li, lay in enumerate(layouts):
-            if not lay.halo:
-                continue
-            for fi in range(fields):
-                for k in (0, 1):
-                    self.offsets[(li, fi, k)] = at
-                    at += _align8(4 * (lay.G - 1))
-        self.bytes = _align8(max(at, 8))
-
-
-def _bytes_of(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
-
-
-def first_rank_error(err: str, group, world: int) -> Optional[Tuple[int, str]]:
-    """Every rank's error message ("" for none), gathered: the first rank
-    that has one and its message, or None. Each rank calls it at the same
-    point, so all of them raise together and none waits in a collective."""
-    import torch.distributed as dist
-    got = [None] * world
-    dist.all_gather_object(got, err, group=group)
-    for q, e in enumerate(got):
-        if e:
-            return q, e
-    return None

@@ -19,16 +19,15 @@ pieces. docs/PYTHON.md "FSDP2 and DCP" has the costs.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from . import _lib as L
-from . import _state
+from . import _specs, _state
 from ._bundle import _Bundle, _float
-from ._dtensor_layout import Layout, _Piece, _types
-# A parameter's entries in the state dict besides its states.
-from ._views import SPEC_KEY, STEP_KEY  # noqa: F401 (re-exported)
+from ._dtensor_layout import Layout, Piece, dtensor_types
+from ._views import SPEC_KEY, STEP_KEY
 
 
 def elem_buffers(b: _Bundle) -> List[str]:
@@ -88,15 +87,14 @@ def entry_states(lay: Layout, entry: Dict[str, Any], b: _Bundle):
     """Checks a parameter's state-dict entry against bundle b and returns
     (this rank's part of each buffer, step). Entries hold DTensors (this
     rank's shard, as DCP loaded them) or full tensors (DCP's full state)."""
-    DTensor, _, _ = _types()
+    DTensor, _, _ = dtensor_types()
     spec = entry.get(SPEC_KEY)
     if spec is None:
         raise ValueError(f"flashopt: the state of p{lay.gid} has no {SPEC_KEY!r} entry (keys "
                          f"{sorted(entry)}): it is not a flashopt state")
     if spec != b.spec:
-        other = _state._other_numerics(b.spec, [spec])
-        if other is not None:
-            theirs = _state._numerics_of(spec)
+        if _specs.other_numerics(b.spec) == spec:
+            theirs = _specs.numerics_of(spec)
             raise ValueError(
                 f"flashopt: the state was written with numerics={theirs!r} (bundle {spec}), "
                 f"but this optimizer runs bundle {b.spec}. Build the optimizer with "
@@ -186,7 +184,7 @@ def plain_checkpoint(b: _Bundle, entries: List[Optional[Dict[str, Any]]]) -> byt
             continue
         p = b.params[i]
         lay = Layout.from_plain(b.global_ids[i], tuple(p.shape), p.numel(), G)
-        lay.pieces = [_Piece(0, lay.N, False, None, None, b.names[i])]
+        lay.pieces = [Piece(0, lay.N, False, None, None, b.names[i])]
         try:
             own, step = entry_states(lay, entry, b)
         except (TypeError, ValueError) as e:
@@ -194,3 +192,28 @@ def plain_checkpoint(b: _Bundle, entries: List[Optional[Dict[str, Any]]]) -> byt
         fill_pieces(lay, own, tensors, b, None)
         steps[b.names[i]] = step
     return _state.write(tensors, _state.without_checksums(_state.with_steps(meta, steps)))
+
+
+def is_full_state(sd: Dict[str, Any]) -> bool:
+    """Whether state dict `sd` is DCP's full state of an FSDP2 run (exact
+    per-parameter entries: SPEC_KEY and the compressed buffers), which
+    plain_checkpoints loads into a single-process optimizer."""
+    return sd.get(_state.KEY) is None and any(isinstance(v, dict) and SPEC_KEY in v
+                                              for v in (sd.get("state") or {}).values())
+
+
+def _entries_by_position(b: _Bundle, sd: Dict[str, Any]) -> List[Optional[Dict[str, Any]]]:
+    """The state entry of each of b's parameters: the state dict's
+    parameters are matched by position in param_groups, as torch.optim does
+    (keys may be indices or, from get_optimizer_state_dict, names)."""
+    keys = [k for g in sd["param_groups"] for k in g["params"]]
+    st = sd["state"]
+    return [st.get(keys[gid]) if gid < len(keys) else None for gid in b.global_ids]
+
+
+def plain_checkpoints(bundles: List[_Bundle], sd: Dict[str, Any]
+                      ) -> List[Tuple[bytes, Dict[Tuple[int, str], torch.Tensor]]]:
+    """_state.checkpoints_from_state_dict's answer for DCP's full state
+    (is_full_state): one checkpoint per bundle, no buffers to write after
+    it. Everything is built and checked before the caller loads any."""
+    return [(plain_checkpoint(b, _entries_by_position(b, sd)), {}) for b in bundles]

@@ -127,3 +127,9 @@ def other_numerics(name: str) -> Optional[str]:
     other = "bounded" if mine.numerics == "flashoptim" else "flashoptim"
     found = idx.get(replace(mine, numerics=other))
     return found if found != name else None
+
+
+def numerics_of(name: str) -> str:
+    """The numerics bundle `name` computes ("bounded" when the kernels
+    directory does not describe it)."""
+    return next((a.numerics for a, n in index().items() if n == name), "bounded")

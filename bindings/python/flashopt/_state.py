@@ -1,9 +1,10 @@
 """The checkpoint format as state_dict()/load_state_dict() see it.
 
 libflashopt writes and reads checkpoints (capi/Checkpoint.cpp, safetensors:
-docs/RUNTIME.md); this module is the only Python code that knows their
-layout: the tensor names ("<param>", "<param>.<state>", ...), the
-__metadata__ entries ("params" with each parameter's "step", "step",
+docs/RUNTIME.md); this module (and, for the exact per-parameter entries of
+DTensor parameters, _dtensor_state.py above it) is the Python code that
+knows their layout: the tensor names ("<param>", "<param>.<state>", ...),
+the __metadata__ entries ("params" with each parameter's "step", "step",
 "checksums", "metadata_checksum") and how a torch.optim state dict becomes
 an fp32 checkpoint. tests/test_state.py pins what it relies on.
 
@@ -33,6 +34,10 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from . import _lib as L
+from . import _specs
+from ._bundle import _TORCH_OF, _float
+from ._views import SPEC_KEY, STEP_KEY
+from .master import decode_master
 
 # The top-level entry of the first state-dict format (whole compressed
 # checkpoints per bundle), still loaded.
@@ -81,7 +86,7 @@ def without_checksums(meta: Dict[str, str]) -> Dict[str, str]:
 
 
 # ---- state_dict -------------------------------------------------------------------------
-def _torch_groups(param_groups) -> Tuple[List[Dict[str, Any]], Dict[int, int]]:
+def torch_groups(param_groups) -> Tuple[List[Dict[str, Any]], Dict[int, int]]:
     """torch's param_groups layout (parameters as indices) and id(p) -> index."""
     groups, ids = [], {}
     for g in param_groups:
@@ -99,8 +104,7 @@ def state_dict(param_groups, bundles, fp32_states: bool = False) -> Dict[str, An
     'step', 'flashopt.spec' and exact compressed buffers, or with
     `fp32_states` its 'step' and fp32 states by torch's names (module
     docstring)."""
-    from ._views import SPEC_KEY, STEP_KEY
-    groups, _ = _torch_groups(param_groups)
+    groups, _ = torch_groups(param_groups)
     state: Dict[int, Dict[str, Any]] = {}
     for b in bundles:
         if fp32_states:
@@ -135,7 +139,9 @@ def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]
     without one the fp32 states of a torch.optim state dict of the same
     parameters; each with the buffers to write after it ((parameter index,
     buffer name) -> bits: a FlashOptim state dict's correction terms).
-    Everything is built and checked before the caller loads any."""
+    Everything is built and checked before the caller loads any. (DCP's
+    full state of an FSDP2 run, exact per-parameter entries, is
+    _dtensor_state.plain_checkpoints'.)"""
     fo = sd.get(KEY)
     out = []
     for b in bundles:
@@ -143,7 +149,7 @@ def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]
             if b.spec not in fo["bundles"]:
                 other = _other_numerics(b.spec, fo["bundles"])
                 if other is not None:
-                    theirs = _numerics_of(other)
+                    theirs = _specs.numerics_of(other)
                     raise ValueError(
                         f"flashopt: the state dict was written with numerics={theirs!r} "
                         f"(bundle {other}), but this optimizer runs bundle {b.spec}; "
@@ -154,40 +160,16 @@ def checkpoints_from_state_dict(bundles, sd: Dict[str, Any]
                                  f"(it has {sorted(fo['bundles'])})")
             e = fo["bundles"][b.spec]
             out.append((write(e["tensors"], e["metadata"]), {}))
-        elif _has_exact_entries(sd["state"]):
-            # DCP's full state of an FSDP2 run (exact per-parameter states).
-            from ._dtensor_state import plain_checkpoint
-            out.append((plain_checkpoint(b, _entries_by_position(b, sd)), {}))
         else:
             out.append(f32_checkpoint_from_torch_state(b, sd["state"], sd.get("param_groups")))
     return out
 
 
-def _has_exact_entries(state) -> bool:
-    from ._views import SPEC_KEY
-    return any(isinstance(v, dict) and SPEC_KEY in v for v in state.values())
-
-
-def _entries_by_position(b, sd: Dict[str, Any]):
-    """The state entry of each of b's parameters: the state dict's
-    parameters are matched by position in param_groups, as torch.optim does
-    (keys may be indices or, from get_optimizer_state_dict, names)."""
-    keys = [k for g in sd["param_groups"] for k in g["params"]]
-    st = sd["state"]
-    return [st.get(keys[gid]) if gid < len(keys) else None for gid in b.global_ids]
-
-
 def _other_numerics(spec: str, have) -> "str | None":
     """The bundle of `have` that computes what `spec` does in the other
     numerics, if any (by the bundles' manifests: _specs.py)."""
-    from ._specs import other_numerics
-    other = other_numerics(spec)
+    other = _specs.other_numerics(spec)
     return other if other in have else None
-
-
-def _numerics_of(spec: str) -> str:
-    from ._specs import index
-    return next((a.numerics for a, n in index().items() if n == spec), "bounded")
 
 
 def _correction_of(v: torch.Tensor, gid: int, groups) -> torch.Tensor:
@@ -223,9 +205,6 @@ def f32_checkpoint_from_torch_state(b, state, groups=None):
     beside): written as they are when the bundle's term has their width, else
     through the master weight they decode to. compress_state_dict=True ones
     ("<state>::quantized") are refused by name."""
-    from ._bundle import _float
-    from .master import decode_master
-    from ._bundle import _TORCH_OF
     tensors, meta = read(b.checkpoint_bytes(L.CHECKPOINT_F32))
     mine = _TORCH_OF[b.info.correction_dtype] if b.info.has_correction else None
     steps = {}

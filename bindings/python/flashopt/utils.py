@@ -141,7 +141,7 @@ def enable_gradient_release(model: nn.Module, optimizer, *,
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        if id(p) not in optimizer._where:
+        if p not in optimizer._param_set:
             raise ValueError("flashopt: a parameter of the model is not in the optimizer")
         hooks.append(p.register_post_accumulate_grad_hook(hook))
     handle = GradientReleaseHandle(optimizer, hooks)

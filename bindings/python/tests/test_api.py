@@ -283,6 +283,27 @@ def test_dtensor_placements():
         assert float(p.to_local().max()) < 1.0
         with pytest.raises(TypeError, match="not both"):
             opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(4))]})
+        # The kind is chosen at the first parameter: plain tensors refuse
+        # DTensors, alone or in one group; a refused group changes nothing.
+        def replicated():
+            return torch.nn.Parameter(DTensor.from_local(torch.ones(8), mesh, [Replicate()]))
+        plain = flashopt.FlashAdamW([torch.nn.Parameter(torch.zeros(4))])
+        for params in ([replicated()], [torch.nn.Parameter(torch.zeros(4)), replicated()]):
+            with pytest.raises(TypeError, match="not both"):
+                plain.add_param_group({"params": params})
+        assert len(plain.param_groups) == 1 and plain.specs() == ["adamw_f32"]
+        # An empty first group chooses nothing yet, nor does a refused one.
+        empty = flashopt.FlashAdamW([{"params": []}], lr=0.1)
+        with pytest.raises(TypeError, match=r"Shard\(dim=1\)"):
+            empty.add_param_group({"params": [torch.nn.Parameter(t)]})
+        empty.add_param_group({"params": [torch.nn.Parameter(torch.zeros(4))]})
+        assert empty.specs() == ["adamw_f32"]
+        late = flashopt.FlashAdamW([{"params": []}], lr=0.1)
+        q = replicated()
+        late.add_param_group({"params": [q]})
+        q.grad = DTensor.from_local(torch.ones(8), mesh, [Replicate()])
+        late.step()
+        assert float(q.to_local().max()) < 1.0
     finally:
         dist.destroy_process_group()
 
@@ -311,7 +332,7 @@ def test_ctypes_structs_are_as_large_as_the_library_writes():
     opt = flashopt.FlashAdamW([p])
     p.grad = torch.zeros_like(p)
     opt.step()
-    b = next(iter(opt._bundles.values()))
+    b = opt._bundle_list()[0]
     for struct, fn in ((L.MemoryReport, "flashopt_memory_report_get"),
                        (L.NumericsReport, "flashopt_check_numerics")):
         n = ctypes.sizeof(struct)

@@ -466,7 +466,7 @@ def _features_worker(rank, W, mesh, out):
     opt.step()
     del opt.found_inf, opt.grad_scale
     assert all(torch.equal(a, b) for a, b in zip(full_params(model), before))
-    assert all(lay.step == 2 for lay in opt._sharded.layouts)
+    assert all(lay.step == 2 for lay in opt._param_set.layouts)
     # fp32 master weights: export (a DTensor placed like the parameter), then
     # import a changed copy (collective).
     p = model.blocks[0].qkv.weight

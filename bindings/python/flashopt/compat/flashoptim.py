@@ -128,8 +128,8 @@ class _Compat:
         if hasattr(self, "_master_bytewidth"):
             group.setdefault("master_bytewidth", self._master_bytewidth)
 
-    def _mark_state(self, p, b, index: int) -> None:
-        self.state[p] = _CompatParamState(self, b, index, p)
+    def _plain_state_view(self, b, index: int, p) -> ParamState:
+        return _CompatParamState(self, b, index, p)
 
     def state_dict(self, *, fp32_states: Optional[bool] = None) -> Dict[str, Any]:
         """compress_state_dict=True: flashopt's compact state dict (the
@@ -139,7 +139,7 @@ class _Compat:
         if fp32_states is None:
             fp32_states = not self._compress_state_dict
         sd = super().state_dict(fp32_states=fp32_states)
-        if fp32_states and self._sharded is None:
+        if fp32_states:  # plain tensors (DTensor parameters have no fp32 form)
             for b in self._bundle_list():
                 if not b.info.has_correction:
                     continue
