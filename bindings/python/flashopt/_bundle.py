@@ -188,6 +188,18 @@ class _Bundle:
         stream.synchronize()
         return True
 
+    def stepping(self, stream, ch_i: List[int], ch_p: List[int], run):
+        """The tail of every step, written once: this bundle's launches
+        ordered after `stream` (order_after), the gradients of parameters
+        `ch_i` re-pointed to `ch_p`, `run()` (the step's calls), then a wait
+        where torch's stream must see the step. Returns run()'s result."""
+        wait = self.order_after(stream)
+        self.set_grads(ch_i, ch_p)
+        result = run()
+        if wait:
+            self.synchronize()
+        return result
+
     def step(self):
         """Steps every parameter (flashopt_step)."""
         self._call("flashopt_step", self.handle)

@@ -315,12 +315,10 @@ class ShardedParams(ParamSet):
         self._comm()
         stepped = True
         for b, idx, params, ch_i, ch_p in plans.values():
-            wait = b.order_after(current_stream(b)) if idx else False
-            if not err:
-                b.set_grads(ch_i, ch_p)
-            stepped = b.step_external(idx, params, not go, err) and stepped
-            if wait:
-                b.synchronize()
+            stepped = b.stepping(
+                current_stream(b) if idx else None, [] if err else ch_i, ch_p,
+                lambda b=b, idx=idx, params=params: b.step_external(idx, params, not go, err)
+            ) and stepped
         if stepped:
             for li, lay in enumerate(layouts):
                 if grads[li] is not None:
