@@ -43,6 +43,13 @@ extern "C" {
 
 const char *flashopt_last_error(void) { return last_error().c_str(); }
 
+void flashopt_internal_set_last_error(const char *message) {
+  try {
+    last_error() = message ? message : "";
+  } catch (...) { // out of memory: the message is lost, nothing else
+  }
+}
+
 const char *flashopt_status_name(flashopt_status status) {
   switch (status) {
   case FLASHOPT_OK:
