@@ -288,6 +288,18 @@ TEST_CASE("every failure of the public entry points has its status") {
                                          FLASHOPT_REDUCE_DETERMINISTIC,
                                          0) == FLASHOPT_OK);
   laterWorld.fail = true;
+  // Externally reduced data parallelism (FSDP2's): over the echoing world,
+  // and over one whose collectives fail after the attach.
+  flashopt_optimizer ext = single(kSpec), extLater = single(kSpec);
+  REQUIRE(flashopt_optimizer_attach_comm_external(ext, okComm) == FLASHOPT_OK);
+  FakeWorld extWorld;
+  flashopt_comm_backend extB = fakeBackend(&extWorld);
+  flashopt_comm extComm = nullptr;
+  REQUIRE(flashopt_comm_create(&extB, &extComm) == FLASHOPT_OK);
+  REQUIRE(flashopt_optimizer_attach_comm_external(extLater, extComm) ==
+          FLASHOPT_OK);
+  extWorld.fail = true;
+  const int64_t someParams[1] = {0};
 
   // CUDA over the stand-in driver (device memory is host memory).
   setenv("FLASHOPT_CUDA_DRIVER", FLASHOPT_MOCK_CUDA, 1);
@@ -650,6 +662,38 @@ TEST_CASE("every failure of the public entry points has its status") {
        [&] { return flashopt_reduce_bucket(dpLater, 0); }},
       {"flashopt_step", "a collective fails", FLASHOPT_ERROR_COMM,
        [&] { return flashopt_step(dpLater); }},
+      {"flashopt_optimizer_attach_comm_external", "a communicator attached",
+       FLASHOPT_ERROR_STATE,
+       [&] { return flashopt_optimizer_attach_comm_external(dp, okComm); }},
+      {"flashopt_step_external", "no externally reduced mode attached",
+       FLASHOPT_ERROR_STATE,
+       [&] {
+         return flashopt_step_external(opt, nullptr, 0, someParams, 1, 0,
+                                       FLASHOPT_OK, nullptr, nullptr);
+       }},
+      {"flashopt_step_external", "a negative count",
+       FLASHOPT_ERROR_INVALID_ARGUMENT,
+       [&] {
+         return flashopt_step_external(ext, someParams, -1, someParams, 1, 0,
+                                       FLASHOPT_OK, nullptr, nullptr);
+       }},
+      {"flashopt_step_external", "a rank that cannot step (its own status)",
+       FLASHOPT_ERROR_DTYPE,
+       [&] {
+         return flashopt_step_external(ext, nullptr, 0, someParams, 1, 0,
+                                       FLASHOPT_ERROR_DTYPE,
+                                       "the gradient is f16", nullptr);
+       }},
+      {"flashopt_step_external", "a collective fails", FLASHOPT_ERROR_COMM,
+       [&] {
+         return flashopt_step_external(extLater, nullptr, 0, someParams, 1, 0,
+                                       FLASHOPT_OK, nullptr, nullptr);
+       }},
+      {"flashopt_step", "externally reduced data parallelism attached",
+       FLASHOPT_ERROR_STATE, [&] { return flashopt_step(ext); }},
+      {"flashopt_set_external_step", "a negative step",
+       FLASHOPT_ERROR_INVALID_ARGUMENT,
+       [&] { return flashopt_set_external_step(ext, 0, -1); }},
   };
 
   std::set<int> seen;
@@ -682,9 +726,10 @@ TEST_CASE("every failure of the public entry points has its status") {
   }
 
   for (flashopt_optimizer o :
-       {noGrad, acc, dp, dpFailing, dpMismatch, dpFast, dpLater, gopt})
+       {noGrad, acc, dp, dpFailing, dpMismatch, dpFast, dpLater, ext, extLater,
+        gopt})
     CHECK(flashopt_optimizer_destroy(o) == FLASHOPT_OK);
-  for (flashopt_comm c : {okComm, badComm, mismatchComm, laterComm})
+  for (flashopt_comm c : {okComm, badComm, mismatchComm, laterComm, extComm})
     CHECK(flashopt_comm_destroy(c) == FLASHOPT_OK);
   CHECK(flashopt_context_destroy(gctx) == FLASHOPT_OK);
   unsetenv("FLASHOPT_CUDA_DRIVER");

@@ -249,12 +249,8 @@ class FlashOptimizer(Optimizer):
         if self._check_numerics_each_step:
             self.check_numerics()
 
-    def _agreed_hypers(self):
-        return [self._hypers(g) for g in self.param_groups], self._kernel_grad_scale
-
     def _step_hooks(self) -> StepHooks:
-        return StepHooks(type(self).__name__, self._before_step, self._sync_group,
-                         self._agreed_hypers)
+        return StepHooks(type(self).__name__, self._before_step, self._sync_group)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):

@@ -188,12 +188,60 @@ class _Bundle:
         stream.synchronize()
         return True
 
+    def stepping(self, stream, ch_i: List[int], ch_p: List[int], run):
+        """The tail of every step, written once: this bundle's launches
+        ordered after `stream` (order_after), the gradients of parameters
+        `ch_i` re-pointed to `ch_p`, `run()` (the step's calls), then a wait
+        where torch's stream must see the step. Returns run()'s result."""
+        wait = self.order_after(stream)
+        self.set_grads(ch_i, ch_p)
+        result = run()
+        if wait:
+            self.synchronize()
+        return result
+
     def step(self):
         """Steps every parameter (flashopt_step)."""
         self._call("flashopt_step", self.handle)
 
     def step_param(self, i: int):
         self._call("flashopt_step_param", self.handle, i)
+
+    # ---- externally reduced data parallelism (FSDP2: _dtensor.py) -------------------
+    def attach_external(self, comm) -> None:
+        """Every step of this bundle agrees over `comm` (a _comm.ProcessGroupComm)."""
+        self._call("flashopt_optimizer_attach_comm_external", self.handle, comm.handle)
+        self._comm = comm
+
+    def step_external(self, idx: List[int], params: List[int], found_inf: bool,
+                      error: str) -> bool:
+        """One collective step of this rank's pieces `idx` of the optimizer's
+        parameters `params` (global ids; all ranks call it with the same):
+        the library's Trainer agrees (an error on any rank raises on every
+        rank; found_inf on any rank skips on every rank), steps and counts.
+        Returns whether it stepped."""
+        n, m = len(idx), len(params)
+        stepped = ctypes.c_int32()
+        status = self._lib.flashopt_step_external(
+            self.handle, (ctypes.c_int64 * max(n, 1))(*idx), n,
+            (ctypes.c_int64 * max(m, 1))(*params), m, int(found_inf),
+            L.ERROR_INVALID_ARGUMENT if error else L.OK,
+            error.encode("utf-8", "replace") if error else None, ctypes.byref(stepped))
+        comm = getattr(self, "_comm", None)
+        if status != L.OK and comm is not None and comm.error is not None:
+            e, comm.error = comm.error, None
+            raise RuntimeError(f"flashopt: a collective of the step failed: {e}") from e
+        L.check(status, "flashopt_step_external")
+        return bool(stepped.value)
+
+    def external_step(self, param: int) -> int:
+        """The steps the optimizer's parameter `param` (a global id) took."""
+        t = ctypes.c_int64()
+        self._call("flashopt_get_external_step", self.handle, param, ctypes.byref(t))
+        return t.value
+
+    def set_external_step(self, param: int, step: int) -> None:
+        self._call("flashopt_set_external_step", self.handle, param, step)
 
     def synchronize(self):
         self._call("flashopt_synchronize", self.handle)

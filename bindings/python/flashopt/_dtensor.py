@@ -1,7 +1,9 @@
 """ShardedParams: an optimizer's DTensor parameters (the ParamSet of
 _params.py for FSDP2's `torch.distributed.fsdp.fully_shard`, placement
 Shard(0), and Replicate, on a 1-D device mesh): their registration as pieces,
-the step and its one collective, the reports and the master weights. The
+the exchange of split groups before a step, the reports and the master
+weights. The step itself is the library's Trainer (flashopt_step_external
+over _comm.py's communicator: it agrees, decides, steps and counts). The
 scheme (numerics that do not depend on the world size, pieces, split groups)
 is described in _dtensor_layout.py, the exchange between the ranks in
 _dtensor_exchange.py, the exact state format in _dtensor_state.py, DCP's
@@ -19,7 +21,8 @@ from . import _dtensor_dcp
 from . import _lib as L
 from ._bundle import _DTYPES, _Bundle, _device_key, _is_dtensor
 from ._collectives import on_every_rank, raise_on_every_rank
-from ._dtensor_exchange import HEADER, Packing, Ranks, header
+from ._comm import ProcessGroupComm
+from ._dtensor_exchange import Packing, Ranks
 from ._dtensor_layout import Layout, Piece, chunk_rows, dtensor_types, placement_error
 from ._params import MIXED_KINDS, Options, ParamSet, StepHooks, bundle_key, current_stream
 from ._views import ShardedParamState
@@ -39,6 +42,8 @@ class ShardedParams(ParamSet):
         self._by_id: Dict[int, Layout] = {}
         self.ranks: Optional[Ranks] = None  # the mesh's, from the first param group
         self._packings: Dict[Any, Packing] = {}
+        self._peers: Optional[ProcessGroupComm] = None  # the steps' agreement
+        self._attached: set = set()  # ids of the bundles attached to it
 
     def __contains__(self, p) -> bool:
         return id(p) in self._by_id
@@ -251,32 +256,47 @@ class ShardedParams(ParamSet):
             grads.append(gl.reshape(-1))
         return err, present, grads
 
+    def _comm(self) -> ProcessGroupComm:
+        """The communicator of the steps' agreement (the mesh's process
+        group), attached to every bundle (once each)."""
+        if self._peers is None:
+            self._peers = ProcessGroupComm(self.ranks.group, self.ranks.rank, self.ranks.W,
+                                           self.ranks.device or torch.device("cpu"))
+        for b in self.bundles():
+            if id(b) not in self._attached:
+                b.attach_external(self._peers)
+                self._attached.add(id(b))
+        return self._peers
+
     @torch.no_grad()
     def _step(self, go: bool, hooks: StepHooks, only: Optional[Layout] = None) -> bool:
         """One step of every DTensor parameter with a gradient, or of `only`
         (gradient release). Every rank calls it, for the same parameters.
-        Returns whether it stepped (False: GradScaler found an inf on some
-        rank; nothing changed anywhere)."""
+        The split groups are exchanged here; the library's Trainer agrees
+        (flashopt_step_external: an error on any rank raises on every rank,
+        GradScaler's found_inf on any rank skips on every rank), steps each
+        bundle's pieces and counts. Returns whether it stepped (False:
+        skipped everywhere, nothing changed)."""
         layouts = self.layouts if only is None else [only]
         key = None if only is None else only.gid
         err, present, grads = self._local_grads(layouts)
         if key not in self._packings:
-            self._packings[key] = Packing(layouts, 2, HEADER)
+            self._packings[key] = Packing(layouts, 2)
         packing = self._packings[key]
         fields = []
         for li, lay in enumerate(layouts):
             own_p = lay.p.to_local().reshape(-1) if lay.n else None
             fields.append([grads[li], own_p])
-        recv = self.ranks.exchange(header(go, hooks.hypers(), err, present), layouts, fields,
-                                   packing)
-        heads = self.ranks.agree(recv)
-        if not all(h[0] for h in heads):
-            return False
+        recv = self.ranks.exchange(layouts, fields, packing) if packing.offsets else None
         # Fill the split groups; point the middle pieces at the gradients.
-        plans: Dict[int, Tuple[_Bundle, List[int], List[int], List[int]]] = {}
+        # Per bundle: (bundle, pieces, parameters, changed pieces, pointers).
+        plans: Dict[int, Tuple[_Bundle, List[int], List[int], List[int], List[int]]] = {
+            id(b): (b, [], [], [], []) for b in self.bundles()}
         for li, lay in enumerate(layouts):
             b = lay.bundle
-            plan = plans.setdefault(id(b), (b, [], [], []))
+            plan = plans[id(b)]
+            if present[li]:
+                plan[2].append(lay.gid)
             g = grads[li]
             if g is None:
                 continue
@@ -288,26 +308,22 @@ class ShardedParams(ParamSet):
                 else:
                     ptr = g.data_ptr() + (pc.start - lay.s) * g.element_size()
                     if b.grad_ptrs[pc.index] != ptr:
-                        plan[2].append(pc.index)
-                        plan[3].append(ptr)
-        for b, idx, ch_i, ch_p in plans.values():
-            if not idx:
-                continue
-            wait = b.order_after(current_stream(b))
-            b.set_grads(ch_i, ch_p)
-            if len(idx) == len(b.params):
-                b.step()
-            else:
-                for i in idx:
-                    b.step_param(i)
-            if wait:
-                b.synchronize()
-        for li, lay in enumerate(layouts):
-            if grads[li] is None:
-                continue
-            lay.step += 1
-            self._copy_back(lay)
-        return True
+                        plan[3].append(pc.index)
+                        plan[4].append(ptr)
+        # Every bundle agrees and steps in the same order on every rank (a
+        # bundle with nothing to step on this rank agrees all the same).
+        self._comm()
+        stepped = True
+        for b, idx, params, ch_i, ch_p in plans.values():
+            stepped = b.stepping(
+                current_stream(b) if idx else None, [] if err else ch_i, ch_p,
+                lambda b=b, idx=idx, params=params: b.step_external(idx, params, not go, err)
+            ) and stepped
+        if stepped:
+            for li, lay in enumerate(layouts):
+                if grads[li] is not None:
+                    self._copy_back(lay)
+        return stepped
 
     @staticmethod
     @torch.no_grad()
@@ -425,8 +441,8 @@ class ShardedParams(ParamSet):
             raise ValueError(f"flashopt: import_master: {own.numel()} local values where "
                              f"this rank holds {lay.n}")
         own = own.to(device="cpu", dtype=torch.float32)
-        packing = Packing([lay], 1, 0)
-        recv = self.ranks.exchange(b"", [lay], [[own]], packing).cpu() if lay.halo else None
+        packing = Packing([lay], 1)
+        recv = self.ranks.exchange([lay], [[own]], packing).cpu() if lay.halo else None
         for pc in lay.pieces:
             vals = torch.empty(pc.end - pc.start, dtype=torch.float32)
             if pc.scratch:

@@ -80,12 +80,12 @@ def load_state_dict(sp, sd: Dict[str, Any]) -> None:
                                                  f"rank"))
     # The split groups' other elements come from their ranks.
     nf = max((len(elem_buffers(lay.bundle)) for lay in sp.layouts), default=0)
-    packing = Packing(sp.layouts, nf, 0)
+    packing = Packing(sp.layouts, nf)
     fields = []
     for lay, (own, _) in zip(sp.layouts, owns):
         names = elem_buffers(lay.bundle)
         fields.append([own[n] for n in names] + [None] * (nf - len(names)))
-    recv = sp.ranks.exchange(b"", sp.layouts, fields, packing).cpu() if nf else None
+    recv = sp.ranks.exchange(sp.layouts, fields, packing).cpu() if nf else None
     datas = []
     for b in sp.bundles():
         if not b.params:
@@ -106,4 +106,4 @@ def load_state_dict(sp, sd: Dict[str, Any]) -> None:
     for b, data in datas:
         b.load_checkpoint_bytes(data)
     for lay, (_, step) in zip(sp.layouts, owns):
-        lay.step = step
+        lay.bundle.set_external_step(lay.gid, step)

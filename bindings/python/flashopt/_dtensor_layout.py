@@ -120,7 +120,6 @@ class Layout:
         self.parts = [_split_parts(a, b, N, G) for a, b in ranges]
         self.halo = any(f is not None or l is not None for f, l in self.parts)
         self.pieces: List[Piece] = []
-        self.step = 0
         self.p = None
         self.bundle: Optional[_Bundle] = None
         self.local_ptr = 0
@@ -136,6 +135,12 @@ class Layout:
     def own_groups(self) -> Tuple[int, int]:
         """The groups [kf, kl] this rank holds elements of."""
         return self.s // self.G, (self.e - 1) // self.G
+
+    @property
+    def step(self) -> int:
+        """The steps this parameter took: the library's count
+        (flashopt_get_external_step), also on a rank that holds none of it."""
+        return self.bundle.external_step(self.gid)
 
     def piece_ranges(self) -> List[Tuple[int, int, bool]]:
         """(start, end, scratch) of this rank's pieces, in order."""

@@ -1,8 +1,9 @@
 """ctypes bindings of libflashopt's C ABI (runtime/include/flashopt/flashopt.h).
 
-Only this module and _bundle.py talk to C: this one loads the library, holds
-the signature table, names statuses and owns the per-device contexts;
-_bundle.py calls the optimizer's functions. tests/test_sigs.py checks the
+Only this module, _bundle.py and _comm.py talk to C: this one loads the
+library, holds the signature table, names statuses and owns the per-device
+contexts; _bundle.py calls the optimizer's functions; _comm.py makes a
+communicator over a torch process group. tests/test_sigs.py checks the
 table against flashopt.h.
 
 The library is found, in this order, at $FLASHOPT_LIBRARY, inside this
@@ -26,6 +27,7 @@ ABI_VERSION = 2
 # flashopt_status: only the codes the binding branches on. Names come from
 # the library (flashopt_status_name).
 OK = 0
+ERROR_INVALID_ARGUMENT = 1
 ERROR_NUMERICS = 14
 
 # flashopt_dtype
@@ -108,6 +110,25 @@ class NumericsReport(ctypes.Structure):
         ("max_abs", ctypes.c_double), ("lr", ctypes.c_double), ("min_lr", ctypes.c_double),
         ("nonfinite_params", ctypes.c_int64),
     ]
+
+
+# A communicator's engine (flashopt_comm_backend, flashopt_dist.h): the
+# collectives as C function pointers; _comm.py fills it over a torch process
+# group. Not in STRUCTS: tests/test_sigs.py does not parse function-pointer
+# members (test_comm.py drives it instead).
+COMM_COLLECTIVE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_size_t)
+COMM_BROADCAST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_size_t, ctypes.c_int32)
+
+
+class CommBackend(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_int32), ("name", ctypes.c_char_p),
+                ("rank", ctypes.c_int32), ("size", ctypes.c_int32), ("self", ctypes.c_void_p),
+                ("all_gather", COMM_COLLECTIVE), ("all_to_all", COMM_COLLECTIVE),
+                ("broadcast", COMM_BROADCAST), ("reduce_scatter_f32", ctypes.c_void_p),
+                ("error_string", ctypes.c_void_p), ("destroy", ctypes.c_void_p),
+                ("reduce_mean_device", ctypes.c_void_p)]
 
 
 # The C struct each ctypes struct mirrors (checked field by field against
@@ -197,6 +218,15 @@ _SIGS = {
     "flashopt_num_params": (_c.c_int, [_vp, _c.POINTER(_c.c_int64)]),
     "flashopt_step": (_c.c_int, [_vp]),
     "flashopt_step_param": (_c.c_int, [_vp, _c.c_int64]),
+    # Externally reduced data parallelism (FSDP2: _dtensor.py, _comm.py).
+    "flashopt_comm_create": (_c.c_int, [_c.POINTER(CommBackend), _c.POINTER(_vp)]),
+    "flashopt_comm_destroy": (_c.c_int, [_vp]),
+    "flashopt_optimizer_attach_comm_external": (_c.c_int, [_vp, _vp]),
+    "flashopt_step_external": (_c.c_int, [_vp, _c.POINTER(_c.c_int64), _c.c_int64,
+                                          _c.POINTER(_c.c_int64), _c.c_int64, _c.c_int32,
+                                          _c.c_int, _c.c_char_p, _c.POINTER(_c.c_int32)]),
+    "flashopt_get_external_step": (_c.c_int, [_vp, _c.c_int64, _c.POINTER(_c.c_int64)]),
+    "flashopt_set_external_step": (_c.c_int, [_vp, _c.c_int64, _c.c_int64]),
     "flashopt_get_step": (_c.c_int, [_vp, _c.c_int64, _c.POINTER(_c.c_int64)]),
     "flashopt_set_nonfinite_policy": (_c.c_int, [_vp, _c.c_int]),
     "flashopt_get_skipped_steps": (_c.c_int, [_vp, _c.POINTER(_c.c_int64)]),

@@ -142,15 +142,14 @@ class LocalParams(ParamSet):
         for b, (present, ch_i, ch_p, full) in plans:
             if not present:
                 continue
-            wait = b.order_after(current_stream(b))
-            b.set_grads(ch_i, ch_p)
-            if full:
-                b.step()
-            else:  # torch skips parameters without gradient
-                for i in present:
-                    b.step_param(i)
-            if wait:
-                b.synchronize()
+
+            def run(b=b, present=present, full=full):
+                if full:
+                    b.step()
+                else:  # torch skips parameters without gradient
+                    for i in present:
+                        b.step_param(i)
+            b.stepping(current_stream(b), ch_i, ch_p, run)
 
     def step_one(self, p, hooks: StepHooks) -> None:
         b, i = self._where[id(p)]
@@ -161,10 +160,7 @@ class LocalParams(ParamSet):
         if g.layout is not torch.strided:
             raise RuntimeError("flashopt: sparse gradients are not supported")
         b.set_grad(i, g)
-        wait = b.order_after(current_stream(b))
-        b.step_param(i)
-        if wait:
-            b.synchronize()
+        b.stepping(current_stream(b), [], [], lambda: b.step_param(i))
 
     # ---- reports, master weights -------------------------------------------------
     def memory(self, param_groups) -> Dict[str, float]:

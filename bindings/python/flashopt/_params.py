@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import torch
 
@@ -67,9 +67,6 @@ class StepHooks(NamedTuple):
     prepare: Callable[[], None]
     # Param group gi's hyper-parameters into the bundles.
     sync_group: Callable[[int], None]
-    # Every param group's kernel hyper-parameters and the factor the kernels
-    # multiply the gradients by (GradScaler's 1/scale): what ranks agree on.
-    hypers: Callable[[], Tuple[List[Dict[str, float]], float]]
 
 
 def bundle_key(t: torch.Tensor) -> tuple:

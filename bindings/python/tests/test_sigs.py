@@ -33,8 +33,10 @@ class Header:
             fields = []
             for decl in body.split(";"):
                 decl = " ".join(decl.split())
-                if not decl or "(" in decl:  # function-pointer members: not read here
-                    fields.append(("<fnptr>", None)) if "(" in decl else None
+                if not decl or "(" in decl:  # function-pointer members: their names
+                    if "(" in decl:
+                        fn = re.search(r"\(\s*\*\s*(\w+)\s*\)", decl)
+                        fields.append(("<fnptr>", fn.group(1) if fn else None))
                     continue
                 arr = re.match(r"(\w+)\s+(\w+)\s*\[\s*(\d+)\s*\]$", decl)
                 if arr:  # a fixed array member: char name[128]
@@ -68,7 +70,7 @@ class Header:
 
     _SCALARS = {"int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64,
                 "uint32_t": ctypes.c_uint32, "double": ctypes.c_double, "float": ctypes.c_float,
-                "size_t": ctypes.c_size_t}
+                "uint64_t": ctypes.c_uint64, "size_t": ctypes.c_size_t}
 
     def ctypes_of(self, ctype: str):
         """The ctypes types the binding may declare for a C type (a set:
@@ -92,6 +94,8 @@ class Header:
             inner = {ctypes.c_void_p}
         elif base in L.STRUCTS:
             inner = {ctypes.POINTER(L.STRUCTS[base])}
+        elif base == "flashopt_comm_backend":
+            inner = {ctypes.POINTER(L.CommBackend)}
         else:
             (t,) = self.ctypes_of(base)
             inner = {ctypes.POINTER(t)} | ({ctypes.c_void_p} if base == "float" else set())
@@ -100,16 +104,17 @@ class Header:
         return inner
 
 
-# flashopt.h with the part of the ABI it includes (flashopt_dist.h is the
-# data-parallel part, which the binding does not bind).
-HDR = Header(HEADER.read_text() + "\n" + (HEADER.parent / "flashopt_state.h").read_text())
+# flashopt.h with the parts of the ABI it includes (of flashopt_dist.h, the
+# data-parallel part, the binding binds the externally reduced mode).
+_TEXT = "\n".join((HEADER.parent / h).read_text()
+                  for h in ("flashopt.h", "flashopt_state.h", "flashopt_dist.h"))
+HDR = Header(_TEXT)
 OPTIONAL_IN_HEADER = [n for n in L._OPTIONAL_SIGS if n in HDR.functions]
 
 
 def test_the_parser_sees_the_header():
     # Guards the regular expressions: every declaration is parsed.
-    text = HEADER.read_text() + (HEADER.parent / "flashopt_state.h").read_text()
-    decls = re.findall(r"^\s*FLASHOPT_API\b", _strip_comments(text), re.M)
+    decls = re.findall(r"^\s*FLASHOPT_API\b", _strip_comments(_TEXT), re.M)
     assert len(HDR.functions) == len(decls) >= 30
     assert HDR.functions["flashopt_set_grads"] == (
         "flashopt_status", ["flashopt_optimizer", "int64_t", "int64_t*", "void**",
@@ -143,6 +148,20 @@ def test_struct_matches_the_header(cname):
     assert [n for _, n in fields] == [n for n, _ in ours], cname
     for (ctype, n), (_, t) in zip(fields, ours):
         assert t in HDR.ctypes_of(ctype), f"{cname}.{n} is {ctype}, bound as {t}"
+
+
+def test_comm_backend_matches_the_header():
+    # The communicator table _comm.py fills: its members in the header's
+    # order, the function pointers as C function types (the optional ones
+    # the binding leaves NULL as plain pointers).
+    fields = HDR.structs["flashopt_comm_backend"]
+    ours = L.CommBackend._fields_
+    assert [n for _, n in fields] == [n for n, _ in ours]
+    for (ctype, n), (_, t) in zip(fields, ours):
+        if ctype == "<fnptr>":
+            assert t is ctypes.c_void_p or issubclass(t, ctypes._CFuncPtr), n
+        else:
+            assert t in HDR.ctypes_of(ctype), f"flashopt_comm_backend.{n} is {ctype}, bound as {t}"
 
 
 def test_every_entry_point_the_package_calls_is_bound():

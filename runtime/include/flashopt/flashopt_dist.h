@@ -143,6 +143,54 @@ flashopt_optimizer_attach_comm_sharded(flashopt_optimizer opt,
                                        flashopt_comm comm,
                                        flashopt_reduce_mode mode,
                                        size_t bucket_bytes);
+/** Externally reduced data parallelism over `comm`: a framework (FSDP2,
+ *  through the PyTorch binding) has reduced the gradients already, and each
+ *  rank registered its own parameters (its shards), which need not match
+ *  the other ranks' in number or size; `comm` (typically the framework's
+ *  process group through a flashopt_comm_backend table) carries only the
+ *  steps' agreement. From then on every rank steps with
+ *  flashopt_step_external, collectively; flashopt_step and
+ *  flashopt_step_param are FLASHOPT_ERROR_STATE. A second attach is
+ *  FLASHOPT_ERROR_STATE. */
+FLASHOPT_API flashopt_status
+flashopt_optimizer_attach_comm_external(flashopt_optimizer opt,
+                                        flashopt_comm comm);
+/** One step under externally reduced data parallelism, called by every
+ *  rank for every step (a collective): this rank's parameters `indices`
+ *  (`count` of them; NULL: every parameter, a whole step counted by
+ *  flashopt_get_step(-1)), which hold its pieces of the framework's
+ *  parameters `param_ids` (`num_param_ids` caller-chosen ids, the same on
+ *  every rank: each is counted by flashopt_get_external_step, also on a
+ *  rank that holds none of its elements). The ranks agree first:
+ *  - `error_status` other than FLASHOPT_OK (with `error`, may be NULL) says
+ *    this rank cannot step; this rank's own checks (a gradient missing,
+ *    a hyper-parameter never set, micro-batches pending, clipping on) count
+ *    alike. Any such error fails the step on every rank with that rank's
+ *    status and message ("rank R of W cannot step: ...");
+ *  - a different NaN policy, hyper table or `param_ids` is
+ *    FLASHOPT_ERROR_MISMATCH on every rank;
+ *  - `found_inf` nonzero on any rank (the framework found a non-finite
+ *    gradient, e.g. GradScaler), or under FLASHOPT_NONFINITE_SKIP a NaN/Inf
+ *    gradient on any rank, skips the step on every rank (counted by
+ *    flashopt_get_skipped_steps).
+ *  Then each rank steps its parameters `indices`, each with its own step
+ *  counter + 1. `*stepped` (may be NULL) is 1 when it stepped, 0 when it
+ *  was skipped. Nothing changes on any rank unless every rank steps. */
+FLASHOPT_API flashopt_status
+flashopt_step_external(flashopt_optimizer opt, const int64_t *indices,
+                       int64_t count, const int64_t *param_ids,
+                       int64_t num_param_ids, int32_t found_inf,
+                       flashopt_status error_status, const char *error,
+                       int32_t *stepped);
+/** The steps the framework's parameter `param_id` took under
+ *  flashopt_step_external (0 before its first). */
+FLASHOPT_API flashopt_status flashopt_get_external_step(flashopt_optimizer opt,
+                                                        int64_t param_id,
+                                                        int64_t *out);
+/** Sets it (a framework's checkpoint restored; >= 0). */
+FLASHOPT_API flashopt_status flashopt_set_external_step(flashopt_optimizer opt,
+                                                        int64_t param_id,
+                                                        int64_t step);
 /** The number of gradient buckets (1 without a communicator). */
 FLASHOPT_API flashopt_status flashopt_num_buckets(flashopt_optimizer opt,
                                                   int32_t *out);

@@ -90,6 +90,15 @@ flashopt_status flashopt_optimizer_attach_comm_sharded(
   });
 }
 
+flashopt_status flashopt_optimizer_attach_comm_external(flashopt_optimizer opt,
+                                                        flashopt_comm comm) {
+  return guard("flashopt_optimizer_attach_comm_external", [&] {
+    std::shared_ptr<flashopt::dist::Communicator> c = getComm(comm);
+    Locked o(opt);
+    o->check(o->trainer->attach_external(std::move(c)));
+  });
+}
+
 flashopt_status flashopt_num_buckets(flashopt_optimizer opt, int32_t *out) {
   return guard("flashopt_num_buckets", [&] {
     needOut(out, "out");

@@ -31,6 +31,66 @@ flashopt_status flashopt_step(flashopt_optimizer opt) {
   });
 }
 
+flashopt_status flashopt_step_external(flashopt_optimizer opt,
+                                       const int64_t *indices, int64_t count,
+                                       const int64_t *param_ids,
+                                       int64_t num_param_ids, int32_t found_inf,
+                                       flashopt_status error_status,
+                                       const char *error, int32_t *stepped) {
+  return guard("flashopt_step_external", [&] {
+    Locked o(opt);
+    std::vector<int64_t> idx;
+    if (indices) {
+      if (count < 0)
+        fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+             "count must be >= 0, got " + std::to_string(count));
+      idx.assign(indices, indices + count);
+      for (int64_t i : idx)
+        checkIndex(*o, i);
+    } else {
+      for (int64_t i = 0; i < int64_t(o->params.size()); ++i)
+        idx.push_back(i);
+    }
+    flashopt::train::Trainer::ExternalStep mine;
+    mine.found_inf = found_inf != 0;
+    if (num_param_ids < 0 || (num_param_ids > 0 && !param_ids))
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+           "param_ids must hold num_param_ids >= 0 ids, got " +
+               std::to_string(num_param_ids));
+    if (num_param_ids > 0)
+      mine.params.assign(param_ids, param_ids + num_param_ids);
+    if (error_status != FLASHOPT_OK)
+      mine.error = flashopt::abi::Status::error(
+          flashopt::abi::Code(int(error_status)),
+          error ? std::string(error) : std::string("no reason given"));
+    Expected<bool> r = o->trainer->step_external(idx, mine);
+    if (!r)
+      o->check(r.status());
+    if (stepped)
+      *stepped = *r ? 1 : 0;
+  });
+}
+
+flashopt_status flashopt_get_external_step(flashopt_optimizer opt,
+                                           int64_t param_id, int64_t *out) {
+  return guard("flashopt_get_external_step", [&] {
+    needOut(out, "out");
+    Locked o(opt);
+    *out = o->trainer->external_step(param_id);
+  });
+}
+
+flashopt_status flashopt_set_external_step(flashopt_optimizer opt,
+                                           int64_t param_id, int64_t step) {
+  return guard("flashopt_set_external_step", [&] {
+    if (step < 0)
+      fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
+           "step must be >= 0, got " + std::to_string(step));
+    Locked o(opt);
+    o->trainer->set_external_step(param_id, step);
+  });
+}
+
 flashopt_status flashopt_step_param(flashopt_optimizer opt, int64_t index) {
   return guard("flashopt_step_param", [&] {
     Locked o(opt);

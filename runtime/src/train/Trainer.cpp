@@ -251,6 +251,10 @@ StepKind Trainer::next_step_kind() const {
 
 Status Trainer::step() {
   sync();
+  if (peers_)
+    return Status::error(Code::State,
+                         "externally reduced data parallelism is attached: "
+                         "every rank steps through step_external");
   return step(next_step_kind());
 }
 
@@ -481,6 +485,10 @@ Status Trainer::step_tensor(int64_t i) {
     return Status::error(Code::State,
                          why + "gradient-norm clipping (it needs every "
                                "gradient first)");
+  if (peers_)
+    return Status::error(Code::State,
+                         why + "externally reduced data parallelism (every "
+                               "rank steps through step_external)");
   if (dp_)
     return Status::error(Code::State,
                          why + (dp_->sharded() ? "sharded" : "replicated") +
@@ -525,7 +533,7 @@ Status Trainer::accumulate(const std::vector<int64_t> &indices) {
 Status Trainer::attach(std::shared_ptr<dist::Communicator> comm,
                        const std::vector<dist::LayoutEntry> &layout,
                        bool deterministic, size_t bucket_bytes, bool sharded) {
-  if (dp_)
+  if (dp_ || peers_)
     return Status::error(Code::State, "a communicator is already attached");
   const std::string where = "rank " + std::to_string(comm->rank()) + " of " +
                             std::to_string(comm->size()) + ": ";

@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -149,6 +150,52 @@ public:
   /// The attached data parallelism, or null.
   dist::DataParallel *data_parallel() { return dp_.get(); }
   const dist::DataParallel *data_parallel() const { return dp_.get(); }
+  // ---- externally reduced data parallelism --------------------------------
+  /// What this rank brings to an externally reduced step's agreement.
+  struct ExternalStep {
+    /// The framework found a non-finite gradient on this rank (e.g. torch's
+    /// GradScaler): every rank skips the step.
+    bool found_inf = false;
+    /// Why this rank cannot step (success: it can): the step fails on every
+    /// rank with this code and message, naming the rank.
+    Status error;
+    /// The caller's ids of the parameters that step (the framework's
+    /// parameters, whose tensors here are this rank's pieces of them): the
+    /// same on every rank (else Mismatch on every rank), each counted by
+    /// external_step() when the step goes ahead — also on a rank that holds
+    /// none of a parameter's elements.
+    std::vector<int64_t> params;
+  };
+  /// Attaches `comm` for externally reduced data parallelism: a framework
+  /// (FSDP2) has reduced the gradients already, and each rank steps its own
+  /// tensors (its shards), which need not match other ranks' in number or
+  /// size; `comm` carries only the steps' agreement (ExternalAgreement.cpp).
+  /// State when a communicator is attached.
+  Status attach_external(std::shared_ptr<dist::Communicator> comm);
+  /// Whether externally reduced data parallelism is attached.
+  bool external() const { return peers_ != nullptr; }
+  /// One step of tensors `idx` (all of them: a whole step, counted in
+  /// step_count()) under externally reduced data parallelism; collective:
+  /// every rank calls it for every step, with its own tensors. The ranks
+  /// agree (a fixed wire exchanged through `comm`): an error on any rank
+  /// (`mine.error`, or this rank's own checks: a gradient missing, the
+  /// hyper table incomplete, micro-batches pending, clipping on) fails the
+  /// step on every rank with that rank's code and message; a different NaN
+  /// policy, hyper table or parameter ids is Mismatch on every rank; then a
+  /// `found_inf` on any rank, or under the skip policy a non-finite
+  /// gradient on any rank, skips the step on every rank (counted in
+  /// skipped_steps(); returns false). Otherwise each rank steps its tensors
+  /// `idx`, each with its own counter + 1, and returns true. Nothing
+  /// changes on any rank unless every rank steps. State without
+  /// attach_external.
+  Expected<bool> step_external(const std::vector<int64_t> &idx,
+                               const ExternalStep &mine);
+  /// The steps taken by the caller's parameter `id` (ExternalStep::params;
+  /// 0 before its first).
+  int64_t external_step(int64_t id) const;
+  /// Sets it (a framework's checkpoint restored).
+  void set_external_step(int64_t id, int64_t step);
+
   /// Averages bucket `b`'s gradients now (overlapping the backward pass);
   /// step() reduces the others. State without a communicator, with
   /// micro-batches pending, a gradient missing or the bucket reduced
@@ -201,6 +248,10 @@ private:
   double maxGradNorm_ = 0.0, lastGradNorm_ = -1.0;
   double normalizer_ = 0.0;
   std::unique_ptr<dist::DataParallel> dp_;
+  /// Externally reduced data parallelism: the ranks' agreement only, and
+  /// the caller's parameters' step counters.
+  std::shared_ptr<dist::Communicator> peers_;
+  std::map<int64_t, int64_t> paramSteps_;
 };
 
 } // namespace flashopt::train

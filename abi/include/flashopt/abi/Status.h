@@ -91,12 +91,10 @@ public:
   /// The error of exception `e`, caught where `prefix` says ("step: "):
   /// OutOfMemory for a std::bad_alloc, Internal for anything else (nothing
   /// in flashopt throws on purpose); the message is `prefix` + e.what().
+  /// Defined in abi/src/Status.cpp, which is built with RTTI: this header is
+  /// also compiled into the compiler's -fno-rtti code.
   static Status from_exception(const std::exception &e,
-                               const std::string &prefix) {
-    return error(dynamic_cast<const std::bad_alloc *>(&e) ? Code::OutOfMemory
-                                                          : Code::Internal,
-                 prefix + e.what());
-  }
+                               const std::string &prefix);
 
 private:
   Code code_ = Code::Ok;
