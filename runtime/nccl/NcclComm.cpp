@@ -366,9 +366,9 @@ flashopt_status agree(NcclComm *c, flashopt_status mine, std::string &why,
 using flashopt::capi::fail;
 using flashopt::capi::guard;
 
-extern "C" flashopt_status flashopt_comm_create_nccl(MPI_Comm comm,
-                                                     int32_t cuda_device,
-                                                     flashopt_comm *out) {
+namespace {
+flashopt_status createNccl(MPI_Comm comm, int32_t cuda_device,
+                           flashopt_comm *out) {
   return guard("flashopt_comm_create_nccl", [&] {
     if (!out)
       fail(FLASHOPT_ERROR_INVALID_ARGUMENT, "out is NULL");
@@ -430,4 +430,16 @@ extern "C" flashopt_status flashopt_comm_create_nccl(MPI_Comm comm,
       fail(cs, flashopt_last_error());
     owner.c = nullptr;
   });
+}
+} // namespace
+
+extern "C" flashopt_status flashopt_comm_create_nccl(MPI_Comm comm,
+                                                     int32_t cuda_device,
+                                                     flashopt_comm *out) {
+  // This library's guard() reports into its own last_error() (capi/Errors.cpp
+  // is compiled in, hidden); flashopt_last_error is libflashopt's.
+  flashopt_status s = createNccl(comm, cuda_device, out);
+  flashopt_internal_set_last_error(
+      s == FLASHOPT_OK ? "" : flashopt::capi::last_error().c_str());
+  return s;
 }

@@ -1,6 +1,6 @@
 """The checkpoint format as state_dict()/load_state_dict() see it.
 
-libflashopt writes and reads checkpoints (capi/Checkpoint.cpp, safetensors:
+libflashopt writes and reads checkpoints (runtime/src/checkpoint, safetensors:
 docs/RUNTIME.md); this module (and, for the exact per-parameter entries of
 DTensor parameters, _dtensor_state.py above it) is the Python code that
 knows their layout: the tensor names ("<param>", "<param>.<state>", ...),

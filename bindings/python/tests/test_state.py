@@ -1,5 +1,5 @@
 """_state.py: what the binding assumes of libflashopt's checkpoint format
-(capi/Checkpoint.cpp), pinned against checkpoints the library writes."""
+(runtime/src/checkpoint), pinned against checkpoints the library writes."""
 
 import json
 

@@ -13,9 +13,8 @@
 /// gradients. Stepping is in capi/StepApi.cpp and capi/AccumulateApi.cpp,
 /// the optimizer's state (master weights, numerics, checkpoints) in
 /// capi/StateApi.cpp, communicators in capi/Comm.cpp; parameters
-/// (capi/Params.cpp), DLPack (capi/DLPack.cpp), checkpoints
-/// (capi/Checkpoint.cpp, capi/CheckpointLoad.cpp) and master weights
-/// (capi/MasterWeights.cpp) have their own files.
+/// (capi/Params.cpp) and DLPack (capi/DLPack.cpp) have their own files,
+/// checkpoints and master weights their own room (checkpoint/).
 ///
 //===----------------------------------------------------------------------===//
 
@@ -43,6 +42,13 @@ using namespace flashopt::capi;
 extern "C" {
 
 const char *flashopt_last_error(void) { return last_error().c_str(); }
+
+void flashopt_internal_set_last_error(const char *message) {
+  try {
+    last_error() = message ? message : "";
+  } catch (...) { // out of memory: the message is lost, nothing else
+  }
+}
 
 const char *flashopt_status_name(flashopt_status status) {
   switch (status) {

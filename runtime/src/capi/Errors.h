@@ -22,6 +22,17 @@
 #include <stdexcept>
 #include <string>
 
+/// Sets libflashopt's last error of the calling thread (what
+/// flashopt_last_error returns) to `message` ("" clears it). For the
+/// plug-ins built with the library (libflashopt_nccl): their entry points
+/// run in their own guard(), over their own copy of last_error() (this
+/// file's Errors.cpp compiled into them, hidden as everything of theirs
+/// but their C ABI is), then hand the message over with this. Exported
+/// with the C ABI (FLASHOPT_API) but declared in no public header: not part
+/// of the ABI.
+extern "C" FLASHOPT_API void
+flashopt_internal_set_last_error(const char *message);
+
 namespace flashopt::capi {
 
 /// Thrown inside the C ABI layer only; caught by guard().

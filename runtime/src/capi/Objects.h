@@ -7,7 +7,8 @@
 /// \file
 /// A context (device, CPU threads, its optimizers) and an optimizer object
 /// (one host::Optimizer, the train::Trainer that steps it, and what the C
-/// ABI adds: parameter names and shapes), with the small helpers every
+/// ABI adds: parameter names and shapes, which are the names and shapes of
+/// its checkpoints: checkpoint::TensorNames), with the small helpers every
 /// entry point shares.
 ///
 //===----------------------------------------------------------------------===//
@@ -16,6 +17,7 @@
 #define FLASHOPT_CAPI_OBJECTS_H
 
 #include "Errors.h"
+#include "checkpoint/Subject.h"
 #include "dist/DataParallel.h"
 #include "flashopt/flashopt.h"
 #include "flashopt/host/CpuOptimizer.h"
@@ -115,7 +117,8 @@ struct ParamRec {
   bool piece = false;
 };
 
-struct OptObj {
+/// The names and shapes of its parameters are those of its checkpoints.
+struct OptObj final : checkpoint::TensorNames {
   std::mutex mu; ///< held by every call on the optimizer
   std::shared_ptr<ContextObj> ctx;
   /// The one optimizer (CPU or CUDA backend under the same core).
@@ -143,26 +146,39 @@ struct OptObj {
            std::to_string(i) + ")";
   }
 
+  /// What the checkpoint module (checkpoint/) saves and loads: `opt`,
+  /// `trainer` and these names.
+  checkpoint::Subject subject() { return {*trainer, *this}; }
+  /// `e`'s value, or fails with its status.
+  template <typename T> T take(Expected<T> e) const {
+    if (!e)
+      fail(e.status());
+    return std::move(e.value());
+  }
+
   /// The host bytes of buffer `name` of parameter `i`.
   /// Sharded data parallelism: a correction or state buffer is gathered
   /// from its owners, a collective every rank must call in the same order.
   std::vector<uint8_t> read(int64_t i, const std::string &name) {
-    dist::DataParallel *d = dp();
-    Expected<std::vector<uint8_t>> bytes = d && d->sharded()
-                                               ? d->gather_buffer(*opt, i, name)
-                                               : opt->read_buffer(i, name);
-    if (!bytes)
-      fail(bytes.status(), describe(i) + ": " + bytes.error());
-    return std::move(bytes.value());
+    return take(subject().read(i, name));
   }
   /// Overwrites buffer `name` of parameter `i` with `bytes` host bytes.
   void write(int64_t i, const std::string &name, const void *data,
              int64_t bytes) {
-    dist::DataParallel *d = dp();
-    Status s = d && d->sharded() ? d->scatter_buffer(*opt, i, name, data, bytes)
-                                 : opt->write_buffer(i, name, data, bytes);
-    if (!s)
-      fail(s, describe(i) + ": " + s.message());
+    check(subject().write(i, name, data, bytes));
+  }
+
+  // ---- checkpoint::TensorNames ----
+  int64_t size() const override { return int64_t(params.size()); }
+  const std::string &name(int64_t i) const override {
+    return params[size_t(i)].name;
+  }
+  const std::vector<int64_t> &shape(int64_t i) const override {
+    return params[size_t(i)].shape;
+  }
+  int64_t find(const std::string &name) const override {
+    auto it = byName.find(name);
+    return it == byName.end() ? -1 : it->second;
   }
 };
 

@@ -13,24 +13,9 @@
 
 #include "Params.h"
 
-namespace flashopt::capi {
+#include "checkpoint/Format.h"
 
-std::vector<std::string> tensorNamesOf(const Manifest &m,
-                                       const std::string &name) {
-  std::vector<std::string> out{name};
-  if (m.correction)
-    out.push_back(name + ".correction");
-  for (const StateSpec &s : m.states) {
-    std::vector<abi::StateBuffer> buffers = abi::state_buffers(s);
-    if (buffers.empty())
-      continue;
-    out.push_back(name + "." + s.name); // the f32 form
-    for (const abi::StateBuffer &b : buffers)
-      if (!b.suffix.empty())
-        out.push_back(name + "." + s.name + b.suffix);
-  }
-  return out;
-}
+namespace flashopt::capi {
 
 /// Whether `s` is well-formed UTF-8 (no overlong forms, no surrogates, at
 /// most U+10FFFF) with no NUL byte.
@@ -152,7 +137,7 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
     fail(FLASHOPT_ERROR_ALREADY_EXISTS,
          who + ": a parameter with this name is already registered (index " +
              std::to_string(same->second) + ")");
-  std::vector<std::string> names = tensorNamesOf(m, name);
+  std::vector<std::string> names = checkpoint::tensor_names(m, name);
   for (const std::string &n : names) {
     auto it = o.tensorNames.find(n);
     if (it != o.tensorNames.end())

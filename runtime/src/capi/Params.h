@@ -16,10 +16,6 @@
 
 namespace flashopt::capi {
 
-/// The checkpoint tensor names of a parameter called `name` (both forms).
-std::vector<std::string> tensorNamesOf(const Manifest &m,
-                                       const std::string &name);
-
 /// addParam's `elementOffset` for a whole tensor (flashopt_add_param); a
 /// piece (flashopt_add_param_piece) passes its offset in the logical tensor.
 inline constexpr int64_t kWholeTensor = -1;

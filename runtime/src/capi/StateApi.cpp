@@ -6,40 +6,45 @@
 ///
 /// \file
 /// fp32 master weights and states in and out (one parameter, one state at a
-/// time: MasterWeights.cpp), check_numerics (numerics.md §4.3), and
-/// checkpoint save/load to files or buffers (capi/Checkpoint.cpp and
-/// capi/CheckpointLoad.cpp do the work).
+/// time), check_numerics (numerics.md §4.3), and checkpoint save/load to
+/// files or buffers: the checks of the C arguments, then one call into the
+/// checkpoint module (checkpoint/Checkpoint.h, checkpoint/MasterWeights.h)
+/// over the optimizer object's Subject.
 ///
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/flashopt.h"
 
 #include "Bundles.h"
-#include "Checkpoint.h"
 #include "Errors.h"
 #include "Handles.h"
-#include "MasterWeights.h"
 #include "Objects.h"
+#include "checkpoint/Checkpoint.h"
+#include "checkpoint/MasterWeights.h"
 #include "codec/Codec.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 using namespace flashopt::capi;
+namespace checkpoint = flashopt::checkpoint;
 
 namespace {
 /// numerics.md §4.3: the exponent bits of a parameter dtype.
 int exponentBits(DType t) { return t == DType::F16 ? 5 : 8; }
 
 /// Fails unless `format` is a flashopt_checkpoint_format.
-void checkFormat(flashopt_checkpoint_format format) {
+checkpoint::Form checkFormat(flashopt_checkpoint_format format) {
   if (format != FLASHOPT_CHECKPOINT_COMPRESSED &&
       format != FLASHOPT_CHECKPOINT_F32)
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
          "unknown checkpoint format " + std::to_string(int(format)));
+  return format == FLASHOPT_CHECKPOINT_F32 ? checkpoint::Form::F32
+                                           : checkpoint::Form::Compressed;
 }
 } // namespace
 
@@ -65,7 +70,8 @@ flashopt_status flashopt_export_master_f32(flashopt_optimizer opt,
     needOut(out, "out");
     Locked o(opt);
     checkNumel(*o, index, numel);
-    std::vector<float> v = exportMaster(*o, index);
+    std::vector<float> v =
+        o->take(checkpoint::export_master(o->subject(), index));
     std::memcpy(out, v.data(), v.size() * sizeof(float));
   });
 }
@@ -75,7 +81,7 @@ namespace {
 /// there are.
 const StateSpec &stateArg(const OptObj &o, const char *state) {
   needOut(state, "state");
-  if (const StateSpec *s = storedState(*o.m, state))
+  if (const StateSpec *s = checkpoint::stored_state(*o.m, state))
     return *s;
   std::string names;
   for (const StateSpec &s : o.m->states)
@@ -150,7 +156,8 @@ flashopt_status flashopt_export_state_f32(flashopt_optimizer opt, int64_t index,
     Locked o(opt);
     const StateSpec &s = stateArg(*o, state);
     checkNumel(*o, index, numel);
-    std::vector<float> v = exportState(*o, index, s);
+    std::vector<float> v =
+        o->take(checkpoint::export_state(o->subject(), index, s));
     std::memcpy(out, v.data(), v.size() * sizeof(float));
   });
 }
@@ -163,7 +170,7 @@ flashopt_status flashopt_import_state_f32(flashopt_optimizer opt, int64_t index,
     Locked o(opt);
     const StateSpec &s = stateArg(*o, state);
     checkNumel(*o, index, numel);
-    importState(*o, index, s, in);
+    o->check(checkpoint::import_state(o->subject(), index, s, in));
   });
 }
 
@@ -240,9 +247,10 @@ flashopt_status flashopt_import_master_f32(flashopt_optimizer opt,
     needOut(in, "in");
     Locked o(opt);
     checkNumel(*o, index, numel);
-    checkMasterFits(*o, index, in, FLASHOPT_ERROR_INVALID_ARGUMENT,
-                    "flashopt_import_master_f32");
-    importMaster(*o, index, in);
+    o->check(checkpoint::check_master_fits(o->subject(), index, in,
+                                           flashopt::abi::Code::InvalidArgument,
+                                           "flashopt_import_master_f32"));
+    o->check(checkpoint::import_master(o->subject(), index, in));
   });
 }
 
@@ -264,7 +272,8 @@ flashopt_status flashopt_check_numerics(flashopt_optimizer opt,
     std::string firstNonfinite, firstSmall;
     for (size_t i = 0; i < o->params.size(); ++i) {
       ++r.params_checked;
-      std::vector<float> w = exportMaster(*o, int64_t(i));
+      std::vector<float> w =
+          o->take(checkpoint::export_master(o->subject(), int64_t(i)));
       double maxabs = 0;
       bool finite = true;
       for (float x : w) {
@@ -327,9 +336,9 @@ flashopt_status flashopt_save_checkpoint(flashopt_optimizer opt,
                                          flashopt_checkpoint_format format) {
   return guard("flashopt_save_checkpoint", [&] {
     needOut(path, "path");
-    checkFormat(format);
+    checkpoint::Form form = checkFormat(format);
     Locked o(opt);
-    saveCheckpoint(*o, path, format);
+    o->check(checkpoint::save_file(o->subject(), path, form));
   });
 }
 
@@ -338,7 +347,13 @@ flashopt_status flashopt_load_checkpoint(flashopt_optimizer opt,
   return guard("flashopt_load_checkpoint", [&] {
     needOut(path, "path");
     Locked o(opt);
-    loadCheckpoint(*o, path);
+    // A missing file is NOT_FOUND (a status of the C ABI alone).
+    int err = 0;
+    if (!fileExists(path, &err))
+      fail(err == ENOENT || err == ENOTDIR ? FLASHOPT_ERROR_NOT_FOUND
+                                           : FLASHOPT_ERROR_IO,
+           "checkpoint file " + quote(path) + ": " + std::strerror(err));
+    o->check(checkpoint::load_file(o->subject(), path));
   });
 }
 
@@ -349,9 +364,10 @@ flashopt_save_checkpoint_buffer(flashopt_optimizer opt,
   return guard("flashopt_save_checkpoint_buffer", [&] {
     needOut(data, "data");
     needOut(size, "size");
-    checkFormat(format);
+    checkpoint::Form form = checkFormat(format);
     Locked o(opt);
-    std::vector<uint8_t> bytes = saveCheckpointBuffer(*o, format);
+    std::vector<uint8_t> bytes =
+        o->take(checkpoint::save_buffer(o->subject(), form));
     // malloc'ed, so that flashopt_buffer_free (free) releases it; at least
     // one byte (malloc(0) may return NULL).
     void *out = std::malloc(std::max<size_t>(bytes.size(), 1));
@@ -371,7 +387,7 @@ flashopt_status flashopt_load_checkpoint_buffer(flashopt_optimizer opt,
     if (size > 0)
       needOut(data, "data");
     Locked o(opt);
-    loadCheckpointBuffer(*o, data, size);
+    o->check(checkpoint::load_buffer(o->subject(), data, size));
   });
 }
 
