@@ -217,7 +217,7 @@ class _Bundle:
                       error: str) -> bool:
         """One collective step of this rank's pieces `idx` of the optimizer's
         parameters `params` (global ids; all ranks call it with the same):
-        the library's Trainer agrees (an error on any rank raises on every
+        the library's Stepper agrees (an error on any rank raises on every
         rank; found_inf on any rank skips on every rank), steps and counts.
         Returns whether it stepped."""
         n, m = len(idx), len(params)

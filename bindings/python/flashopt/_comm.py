@@ -1,7 +1,7 @@
 """ProcessGroupComm: a libflashopt communicator (flashopt_comm_backend,
 flashopt_dist.h) whose collectives are a torch.distributed process group's.
 The externally reduced data parallelism of FSDP2 (_dtensor.py) uses it for
-the steps' agreement, which the library's train::Trainer makes
+the steps' agreement, which the library's train::Stepper makes
 (flashopt_step_external): the binding agrees, decides and counts nothing.
 
 The library calls the collectives from flashopt_step_external, on the

@@ -2,7 +2,7 @@
 _params.py for FSDP2's `torch.distributed.fsdp.fully_shard`, placement
 Shard(0), and Replicate, on a 1-D device mesh): their registration as pieces,
 the exchange of split groups before a step, the reports and the master
-weights. The step itself is the library's Trainer (flashopt_step_external
+weights. The step itself is the library's Stepper (flashopt_step_external
 over _comm.py's communicator: it agrees, decides, steps and counts). The
 scheme (numerics that do not depend on the world size, pieces, split groups)
 is described in _dtensor_layout.py, the exchange between the ranks in
@@ -272,7 +272,7 @@ class ShardedParams(ParamSet):
     def _step(self, go: bool, hooks: StepHooks, only: Optional[Layout] = None) -> bool:
         """One step of every DTensor parameter with a gradient, or of `only`
         (gradient release). Every rank calls it, for the same parameters.
-        The split groups are exchanged here; the library's Trainer agrees
+        The split groups are exchanged here; the library's Stepper agrees
         (flashopt_step_external: an error on any rank raises on every rank,
         GradScaler's found_inf on any rank skips on every rank), steps each
         bundle's pieces and counts. Returns whether it stepped (False:

@@ -6,7 +6,7 @@ Each rank sends one buffer (Packing): per halo parameter and per field
 and last split groups as float32; one all_gather_into_tensor gives every
 rank every buffer (Ranks.exchange), and fill() assembles a split group from
 them. What the ranks must agree on before a step is not here: the library's
-Trainer agrees on it (flashopt_step_external, over _comm.py).
+Stepper agrees on it (flashopt_step_external, over _comm.py).
 """
 
 from __future__ import annotations

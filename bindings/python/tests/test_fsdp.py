@@ -560,7 +560,7 @@ def _errors_worker(rank, W, mesh, out):
     set_grads(model, 0, mesh)
     if rank == 1:
         model.head.weight.grad = None
-    # The library's Trainer agrees on every step (flashopt_step_external).
+    # The library's Stepper agrees on every step (flashopt_step_external).
     with pytest.raises(RuntimeError, match="rank 1 differs from rank 0 in which "
                                            "parameters step.*MISMATCH"):
         opt.step()

@@ -8,8 +8,8 @@
 /// flashopt_accumulate / flashopt_accumulate_param (the bundle's generated
 /// accumulate kernel: accum = encode(decode(accum) + grad)), the normalizer
 /// and the micro-batch counters, each one call on the optimizer's
-/// train::Trainer. The step that ends an accumulation is flashopt_step's
-/// (train/Trainer.h: StepKind::Fused or Accumulated; docs/RUNTIME.md
+/// train::Stepper. The step that ends an accumulation is flashopt_step's
+/// (train/Stepper.h: StepKind::Fused or Accumulated; docs/RUNTIME.md
 /// "Gradient accumulation").
 ///
 //===----------------------------------------------------------------------===//
@@ -32,7 +32,7 @@ flashopt_status flashopt_accumulate(flashopt_optimizer opt) {
     std::vector<int64_t> all(o->params.size());
     for (size_t i = 0; i < all.size(); ++i)
       all[i] = int64_t(i);
-    o->check(o->trainer->accumulate(all));
+    o->check(o->stepper->accumulate(all));
   });
 }
 
@@ -41,7 +41,7 @@ flashopt_status flashopt_accumulate_param(flashopt_optimizer opt,
   return guard("flashopt_accumulate_param", [&] {
     Locked o(opt);
     checkIndex(*o, index);
-    o->check(o->trainer->accumulate({index}));
+    o->check(o->stepper->accumulate({index}));
   });
 }
 
@@ -49,7 +49,7 @@ flashopt_status flashopt_set_accumulation_normalizer(flashopt_optimizer opt,
                                                      double normalizer) {
   return guard("flashopt_set_accumulation_normalizer", [&] {
     Locked o(opt);
-    o->check(o->trainer->set_accumulation_normalizer(normalizer));
+    o->check(o->stepper->set_accumulation_normalizer(normalizer));
   });
 }
 
@@ -59,7 +59,7 @@ flashopt_status flashopt_get_accumulated(flashopt_optimizer opt, int64_t index,
     needOut(out, "out");
     Locked o(opt);
     checkIndex(*o, index);
-    *out = o->trainer->accumulated(index);
+    *out = o->stepper->accumulated(index);
   });
 }
 

@@ -66,8 +66,8 @@ std::shared_ptr<OptObj> createOptimizer(const std::shared_ptr<ContextObj> &ctx,
     o->opt = std::move(gpu.value());
   }
   o->m = &o->opt->manifest();
-  OptObj *self = o.get(); // owns the trainer
-  o->trainer = std::make_unique<flashopt::train::Trainer>(
+  OptObj *self = o.get(); // owns the stepper
+  o->stepper = std::make_unique<flashopt::train::Stepper>(
       *o->opt, [self](int64_t i) { return self->describe(i); });
   return o;
 }

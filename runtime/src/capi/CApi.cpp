@@ -8,7 +8,7 @@
 /// flashopt.h's entry points over the internal C++ layer: each runs in
 /// guard() (capi/Errors.h), looks up its handle (capi/Handles.h) and calls
 /// the context's optimizer (one host::Optimizer, CPU or CUDA backend) or
-/// the train::Trainer that steps it. This file: errors and versions,
+/// the train::Stepper that steps it. This file: errors and versions,
 /// contexts, optimizers, param groups and hyper-parameters, parameters and
 /// gradients. Stepping is in capi/StepApi.cpp and capi/AccumulateApi.cpp,
 /// the optimizer's state (master weights, numerics, checkpoints) in
@@ -547,7 +547,7 @@ flashopt_status flashopt_get_param_info(flashopt_optimizer opt, int64_t index,
     i.group = p.group;
     i.ndim = int32_t(p.shape.size());
     i.shape = p.shape.data();
-    i.step = o->trainer->tensor_step(index);
+    i.step = o->stepper->tensor_step(index);
     *out = i;
   });
 }

@@ -6,7 +6,7 @@
 ///
 /// \file
 /// flashopt_comm handles over an engine's backend table, attaching one to an
-/// optimizer and reducing buckets early (train::Trainer over
+/// optimizer and reducing buckets early (train::Stepper over
 /// dist/DataParallel.h: layout check, rank 0's state everywhere, gradient
 /// buckets).
 ///
@@ -67,7 +67,7 @@ void attach(flashopt_optimizer opt, flashopt_comm comm,
   std::vector<flashopt::dist::LayoutEntry> layout;
   for (const ParamRec &p : o->params)
     layout.push_back({p.name, p.numel, p.group});
-  o->check(o->trainer->attach(std::move(c), layout,
+  o->check(o->stepper->attach(std::move(c), layout,
                               mode == FLASHOPT_REDUCE_DETERMINISTIC,
                               bucket_bytes, sharded));
 }
@@ -95,7 +95,7 @@ flashopt_status flashopt_optimizer_attach_comm_external(flashopt_optimizer opt,
   return guard("flashopt_optimizer_attach_comm_external", [&] {
     std::shared_ptr<flashopt::dist::Communicator> c = getComm(comm);
     Locked o(opt);
-    o->check(o->trainer->attach_external(std::move(c)));
+    o->check(o->stepper->attach_external(std::move(c)));
   });
 }
 
@@ -135,7 +135,7 @@ flashopt_status flashopt_bucket_params(flashopt_optimizer opt, int32_t bucket,
 flashopt_status flashopt_reduce_bucket(flashopt_optimizer opt, int32_t bucket) {
   return guard("flashopt_reduce_bucket", [&] {
     Locked o(opt);
-    o->check(o->trainer->reduce_bucket(bucket));
+    o->check(o->stepper->reduce_bucket(bucket));
   });
 }
 

@@ -6,7 +6,7 @@
 ///
 /// \file
 /// A context (device, CPU threads, its optimizers) and an optimizer object
-/// (one host::Optimizer, the train::Trainer that steps it, and what the C
+/// (one host::Optimizer, the train::Stepper that steps it, and what the C
 /// ABI adds: parameter names and shapes, which are the names and shapes of
 /// its checkpoints: checkpoint::TensorNames), with the small helpers every
 /// entry point shares.
@@ -22,7 +22,7 @@
 #include "flashopt/flashopt.h"
 #include "flashopt/host/CpuOptimizer.h"
 #include "flashopt/host/CudaOptimizer.h"
-#include "train/Trainer.h"
+#include "train/Stepper.h"
 
 #include <cerrno>
 #include <cstdint>
@@ -131,10 +131,10 @@ struct OptObj final : checkpoint::TensorNames {
   /// Every checkpoint tensor name of every parameter -> its parameter.
   std::map<std::string, int64_t> tensorNames;
   /// The step, its counters and policy, data parallelism (over `opt`).
-  std::unique_ptr<train::Trainer> trainer;
+  std::unique_ptr<train::Stepper> stepper;
 
   /// The attached data parallelism, or null.
-  dist::DataParallel *dp() const { return trainer->data_parallel(); }
+  dist::DataParallel *dp() const { return stepper->data_parallel(); }
   /// Fails with `s`'s status (its code) and message.
   void check(const Status &s) const {
     if (!s)
@@ -147,8 +147,8 @@ struct OptObj final : checkpoint::TensorNames {
   }
 
   /// What the checkpoint module (checkpoint/) saves and loads: `opt`,
-  /// `trainer` and these names.
-  checkpoint::Subject subject() { return {*trainer, *this}; }
+  /// `stepper` and these names.
+  checkpoint::Subject subject() { return {*stepper, *this}; }
   /// `e`'s value, or fails with its status.
   template <typename T> T take(Expected<T> e) const {
     if (!e)

@@ -7,7 +7,7 @@
 /// \file
 /// flashopt_step, flashopt_step_param (gradient release), clipping, counters
 /// and the non-finite policy: each one call on the optimizer's
-/// train::Trainer (train/Trainer.h, where a step's semantics live); and
+/// train::Stepper (train/Stepper.h, where a step's semantics live); and
 /// synchronize and the memory report.
 ///
 //===----------------------------------------------------------------------===//
@@ -27,7 +27,7 @@ extern "C" {
 flashopt_status flashopt_step(flashopt_optimizer opt) {
   return guard("flashopt_step", [&] {
     Locked o(opt);
-    o->check(o->trainer->step());
+    o->check(o->stepper->step());
   });
 }
 
@@ -51,7 +51,7 @@ flashopt_status flashopt_step_external(flashopt_optimizer opt,
       for (int64_t i = 0; i < int64_t(o->params.size()); ++i)
         idx.push_back(i);
     }
-    flashopt::train::Trainer::ExternalStep mine;
+    flashopt::train::Stepper::ExternalStep mine;
     mine.found_inf = found_inf != 0;
     if (num_param_ids < 0 || (num_param_ids > 0 && !param_ids))
       fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
@@ -63,7 +63,7 @@ flashopt_status flashopt_step_external(flashopt_optimizer opt,
       mine.error = flashopt::abi::Status::error(
           flashopt::abi::Code(int(error_status)),
           error ? std::string(error) : std::string("no reason given"));
-    Expected<bool> r = o->trainer->step_external(idx, mine);
+    Expected<bool> r = o->stepper->step_external(idx, mine);
     if (!r)
       o->check(r.status());
     if (stepped)
@@ -76,7 +76,7 @@ flashopt_status flashopt_get_external_step(flashopt_optimizer opt,
   return guard("flashopt_get_external_step", [&] {
     needOut(out, "out");
     Locked o(opt);
-    *out = o->trainer->external_step(param_id);
+    *out = o->stepper->external_step(param_id);
   });
 }
 
@@ -87,7 +87,7 @@ flashopt_status flashopt_set_external_step(flashopt_optimizer opt,
       fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
            "step must be >= 0, got " + std::to_string(step));
     Locked o(opt);
-    o->trainer->set_external_step(param_id, step);
+    o->stepper->set_external_step(param_id, step);
   });
 }
 
@@ -95,7 +95,7 @@ flashopt_status flashopt_step_param(flashopt_optimizer opt, int64_t index) {
   return guard("flashopt_step_param", [&] {
     Locked o(opt);
     checkIndex(*o, index);
-    o->check(o->trainer->step_tensor(index));
+    o->check(o->stepper->step_tensor(index));
   });
 }
 
@@ -103,7 +103,7 @@ flashopt_status flashopt_set_max_grad_norm(flashopt_optimizer opt,
                                            double max_norm) {
   return guard("flashopt_set_max_grad_norm", [&] {
     Locked o(opt);
-    o->check(o->trainer->set_max_grad_norm(max_norm));
+    o->check(o->stepper->set_max_grad_norm(max_norm));
   });
 }
 
@@ -111,7 +111,7 @@ flashopt_status flashopt_get_grad_norm(flashopt_optimizer opt, double *out) {
   return guard("flashopt_get_grad_norm", [&] {
     needOut(out, "out");
     Locked o(opt);
-    *out = o->trainer->last_grad_norm();
+    *out = o->stepper->last_grad_norm();
   });
 }
 
@@ -121,11 +121,11 @@ flashopt_status flashopt_get_step(flashopt_optimizer opt, int64_t index,
     needOut(out, "out");
     Locked o(opt);
     if (index == -1) {
-      *out = o->trainer->step_count();
+      *out = o->stepper->step_count();
       return;
     }
     checkIndex(*o, index);
-    *out = o->trainer->tensor_step(index);
+    *out = o->stepper->tensor_step(index);
   });
 }
 
@@ -138,7 +138,7 @@ flashopt_set_nonfinite_policy(flashopt_optimizer opt,
         policy != FLASHOPT_NONFINITE_SKIP)
       fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
            "unknown policy " + std::to_string(int(policy)));
-    o->check(o->trainer->set_nonfinite_policy(
+    o->check(o->stepper->set_nonfinite_policy(
         policy == FLASHOPT_NONFINITE_SKIP
             ? flashopt::train::NonFinitePolicy::Skip
             : flashopt::train::NonFinitePolicy::Propagate));
@@ -150,7 +150,7 @@ flashopt_status flashopt_get_skipped_steps(flashopt_optimizer opt,
   return guard("flashopt_get_skipped_steps", [&] {
     needOut(out, "out");
     Locked o(opt);
-    *out = o->trainer->skipped_steps();
+    *out = o->stepper->skipped_steps();
   });
 }
 

@@ -6,7 +6,7 @@
 ///
 /// \file
 /// Saving and loading the checkpoint of a Subject (an optimizer, its
-/// trainer and its tensors' names: Subject.h) as a safetensors file or the
+/// stepper and its tensors' names: Subject.h) as a safetensors file or the
 /// same bytes in memory, in the format of Format.h (docs/RUNTIME.md
 /// "Checkpoints").
 ///
@@ -21,7 +21,7 @@
 ///   read (the safetensors container, safetensors::File) -> validate (every
 ///   field against the subject, nothing changed; a Plan of everything the
 ///   load changes) -> apply (the plan copied into the optimizer and the
-///   trainer)
+///   stepper)
 ///
 /// so a checkpoint that is malformed, corrupt (checksums) or of another
 /// layout changes nothing.
@@ -29,7 +29,7 @@
 /// Failures are a Status whose code says what went wrong: Format (the file
 /// is malformed, corrupt or not a flashopt checkpoint), Mismatch (it is of
 /// another spec, numerics, rule or layout), Io (reading or writing a file),
-/// and what the optimizer, the trainer and the communicator return (Comm,
+/// and what the optimizer, the stepper and the communicator return (Comm,
 /// Cuda, OutOfMemory); Internal for names that do not name every tensor.
 /// No exception leaves the module (no_throw, Subject.h).
 /// The C ABI's flashopt_{save,load}_checkpoint(_buffer) are a guard, a lock

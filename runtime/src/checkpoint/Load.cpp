@@ -9,7 +9,7 @@
 /// read (the safetensors container), validate (every field against the
 /// subject, returning a Plan of everything the load changes, failing before
 /// anything is changed) and apply (the plan copied into the optimizer and
-/// the trainer). So a rejected file changes nothing.
+/// the stepper). So a rejected file changes nothing.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -427,7 +427,7 @@ Status applyPlan(const Subject &s, const safetensors::File &f, const Plan &p) {
               opt.restore_hyper(int(g), m.hypers[h].name, p.hypers[g][h]);
           !st)
         return st;
-  s.trainer().restore(p.steps, p.step, p.skipped);
+  s.stepper().restore(p.steps, p.step, p.skipped);
   return Status::success();
 }
 

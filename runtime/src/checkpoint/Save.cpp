@@ -61,7 +61,7 @@ std::map<std::string, std::string> metadataOf(const Subject &s,
                                               const Image &img, Form form) {
   const Manifest &m = s.manifest();
   const host::Optimizer &opt = s.optimizer();
-  const train::Trainer &trainer = s.trainer();
+  const train::Stepper &stepper = s.stepper();
   // A CRC-32C of every tensor's bytes: a flipped data bit becomes a clear
   // error at load (other safetensors readers ignore the key).
   json checksums = json::object();
@@ -72,7 +72,7 @@ std::map<std::string, std::string> metadataOf(const Subject &s,
   for (int64_t i = 0; i < s.names().size(); ++i)
     params.push_back({{"name", s.names().name(i)},
                       {"group", s.group(i)},
-                      {"step", trainer.tensor_step(i)},
+                      {"step", stepper.tensor_step(i)},
                       {"numel", s.numel(i)},
                       {"shape", s.names().shape(i)}});
   json groups = json::array();
@@ -97,8 +97,8 @@ std::map<std::string, std::string> metadataOf(const Subject &s,
       {"numerics", m.numerics},
       {"numerics_revision", numerics_revision(m.numerics)},
       {"checkpoint", form == Form::F32 ? "f32" : "compressed"},
-      {"step", std::to_string(trainer.step_count())},
-      {"skipped_steps", std::to_string(trainer.skipped_steps())},
+      {"step", std::to_string(stepper.step_count())},
+      {"skipped_steps", std::to_string(stepper.skipped_steps())},
       {"params", params.dump()},
       {"checksums", checksums.dump()},
       {"param_groups", groups.dump()}};

@@ -6,7 +6,7 @@
 ///
 /// \file
 /// A checkpoint is taken of, and loaded into, a Subject: one
-/// host::Optimizer, the train::Trainer that steps it (the step counters; the
+/// host::Optimizer, the train::Stepper that steps it (the step counters; the
 /// data parallelism whose owners hold the shards of a sharded state) and the
 /// name and shape each of its tensors has in the file (TensorNames: the C
 /// ABI's are the names its user registered; a test's or a tool's a
@@ -20,7 +20,7 @@
 #define FLASHOPT_CHECKPOINT_SUBJECT_H
 
 #include "flashopt/host/Optimizer.h"
-#include "train/Trainer.h"
+#include "train/Stepper.h"
 
 #include <cstdint>
 #include <exception>
@@ -65,19 +65,19 @@ private:
   std::map<std::string, int64_t> index_;
 };
 
-/// An optimizer, its trainer and its tensors' names (all outlive the
+/// An optimizer, its stepper and its tensors' names (all outlive the
 /// Subject, a view of them).
 class Subject {
 public:
-  Subject(train::Trainer &trainer, const TensorNames &names)
-      : trainer_(trainer), names_(names) {}
+  Subject(train::Stepper &stepper, const TensorNames &names)
+      : stepper_(stepper), names_(names) {}
 
-  host::Optimizer &optimizer() const { return trainer_.optimizer(); }
-  train::Trainer &trainer() const { return trainer_; }
+  host::Optimizer &optimizer() const { return stepper_.optimizer(); }
+  train::Stepper &stepper() const { return stepper_; }
   const TensorNames &names() const { return names_; }
   const Manifest &manifest() const { return optimizer().manifest(); }
   /// The attached data parallelism, or null.
-  dist::DataParallel *data_parallel() const { return trainer_.data_parallel(); }
+  dist::DataParallel *data_parallel() const { return stepper_.data_parallel(); }
   /// Whether the correction and state buffers are sharded over the ranks.
   bool sharded() const;
 
@@ -101,7 +101,7 @@ public:
                int64_t bytes) const;
 
 private:
-  train::Trainer &trainer_;
+  train::Stepper &stepper_;
   const TensorNames &names_;
 };
 

@@ -5,17 +5,17 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// train::Trainer's externally reduced data parallelism: a framework (FSDP2
+/// train::Stepper's externally reduced data parallelism: a framework (FSDP2
 /// through the PyTorch binding) has reduced the gradients and each rank
 /// holds its own tensors; the ranks agree on every step through a fixed
 /// wire gathered over the communicator — errors, the NaN policy, the hyper
 /// table, the caller's key, found_inf and non-finite gradients — and then
 /// either all step their own tensors, all skip, or all fail alike. The
-/// counters are the Trainer's, as in every other mode.
+/// counters are the Stepper's, as in every other mode.
 ///
 //===----------------------------------------------------------------------===//
 
-#include "train/Trainer.h"
+#include "train/Stepper.h"
 
 #include <algorithm>
 #include <cstring>
@@ -38,7 +38,7 @@ static_assert(sizeof(Wire) == 256, "a fixed wire layout");
 
 } // namespace
 
-Status Trainer::attach_external(std::shared_ptr<dist::Communicator> comm) {
+Status Stepper::attach_external(std::shared_ptr<dist::Communicator> comm) {
   if (dp_ || peers_)
     return Status::error(Code::State, "a communicator is already attached");
   if (!comm)
@@ -47,7 +47,7 @@ Status Trainer::attach_external(std::shared_ptr<dist::Communicator> comm) {
   return Status::success();
 }
 
-Expected<bool> Trainer::step_external(const std::vector<int64_t> &idx,
+Expected<bool> Stepper::step_external(const std::vector<int64_t> &idx,
                                       const ExternalStep &mine) {
   sync();
   if (!peers_)
@@ -160,12 +160,12 @@ Expected<bool> Trainer::step_external(const std::vector<int64_t> &idx,
   return true;
 }
 
-int64_t Trainer::external_step(int64_t id) const {
+int64_t Stepper::external_step(int64_t id) const {
   auto it = paramSteps_.find(id);
   return it == paramSteps_.end() ? 0 : it->second;
 }
 
-void Trainer::set_external_step(int64_t id, int64_t step) {
+void Stepper::set_external_step(int64_t id, int64_t step) {
   paramSteps_[id] = step;
 }
 

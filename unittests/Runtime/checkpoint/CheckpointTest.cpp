@@ -6,7 +6,7 @@
 ///
 /// \file
 /// runtime/src/checkpoint over CPU optimizers of shipped bundles
-/// (<build>/kernels), each with the train::Trainer that steps it and a
+/// (<build>/kernels), each with the train::Stepper that steps it and a
 /// NameTable: round trips bit for bit in both forms (parameters, correction
 /// terms, states, step counters, hyper tables with their envelopes); the
 /// staged load (read -> validate -> apply) and its Plan; validate refusing
@@ -73,11 +73,11 @@ struct Param {
 const std::vector<Param> kParams = {
     {"w0", {1000}, 0}, {"w1", {7, 11}, 1}, {"b", {5}, 1}};
 
-/// A CPU optimizer of bundle `spec` with its trainer and names, over
+/// A CPU optimizer of bundle `spec` with its stepper and names, over
 /// parameters and gradients it owns (filled from `seed`).
 struct Run {
   std::unique_ptr<host::CpuOptimizer> opt;
-  std::unique_ptr<train::Trainer> trainer;
+  std::unique_ptr<train::Stepper> stepper;
   NameTable names;
   std::vector<std::vector<uint8_t>> p, g;
 
@@ -88,7 +88,7 @@ struct Run {
     auto o = host::CpuOptimizer::create(kernels(spec), noEnv(), opts);
     REQUIRE_MESSAGE(o.ok(), o.error());
     opt = std::move(o.value());
-    trainer = std::make_unique<train::Trainer>(*opt);
+    stepper = std::make_unique<train::Stepper>(*opt);
     const host::Manifest &m = opt->manifest();
     int groups = 1;
     for (const Param &q : params)
@@ -129,24 +129,24 @@ struct Run {
     return out;
   }
 
-  Subject subject() const { return Subject(*trainer, names); }
+  Subject subject() const { return Subject(*stepper, names); }
 
   /// A few steps with distinct counters: two plain steps, a gradient
   /// release of tensor 1, a skipped (non-finite) step.
   void train() {
-    requireOk(trainer->step());
-    requireOk(trainer->step());
-    requireOk(trainer->step_tensor(1));
-    requireOk(trainer->set_nonfinite_policy(train::NonFinitePolicy::Skip));
+    requireOk(stepper->step());
+    requireOk(stepper->step());
+    requireOk(stepper->step_tensor(1));
+    requireOk(stepper->set_nonfinite_policy(train::NonFinitePolicy::Skip));
     std::vector<uint8_t> keep = g[0];
     const float nan = std::numeric_limits<float>::quiet_NaN();
     if (opt->manifest().grad == DType::F32)
       std::memcpy(g[0].data(), &nan, 4);
     else
       std::memset(g[0].data(), 0xFF, 2); // a NaN in bf16 and f16
-    requireOk(trainer->step());
+    requireOk(stepper->step());
     g[0] = keep;
-    requireOk(trainer->set_nonfinite_policy(train::NonFinitePolicy::Propagate));
+    requireOk(stepper->set_nonfinite_policy(train::NonFinitePolicy::Propagate));
   }
 };
 
@@ -169,9 +169,9 @@ struct Snapshot {
       buffers.push_back(std::move(b.value()));
     }
     for (int64_t i = 0; i < r.opt->num_tensors(); ++i)
-      steps.push_back(r.trainer->tensor_step(i));
-    step = r.trainer->step_count();
-    skipped = r.trainer->skipped_steps();
+      steps.push_back(r.stepper->tensor_step(i));
+    step = r.stepper->step_count();
+    skipped = r.stepper->skipped_steps();
     hypers = r.opt->hyper_table();
     const size_t H = r.opt->manifest().hypers.size();
     for (int k = 0; k < r.opt->num_param_groups(); ++k)
@@ -265,17 +265,17 @@ TEST_CASE("checkpoint: a compressed round trip restores buffers, counters "
   std::vector<uint8_t> bytes = save(a, Form::Compressed);
   requireOk(checkpoint::load_buffer(b.subject(), bytes.data(), bytes.size()));
   CHECK(Snapshot(a) == Snapshot(b));
-  CHECK(b.trainer->tensor_step(1) == 3);
-  CHECK(b.trainer->tensor_step(0) == 2);
-  CHECK(b.trainer->step_count() == 2);
-  CHECK(b.trainer->skipped_steps() == 1);
+  CHECK(b.stepper->tensor_step(1) == 3);
+  CHECK(b.stepper->tensor_step(0) == 2);
+  CHECK(b.stepper->step_count() == 2);
+  CHECK(b.stepper->skipped_steps() == 1);
   // The params are the caller's memory: restored there.
   CHECK(a.p == b.p);
   // The same gradients from here on: the same steps.
   b.g = a.g;
   for (int k = 0; k < 2; ++k) {
-    requireOk(a.trainer->step());
-    requireOk(b.trainer->step());
+    requireOk(a.stepper->step());
+    requireOk(b.stepper->step());
   }
   CHECK(Snapshot(a) == Snapshot(b));
   // Saving the loaded optimizer gives the same bytes.
@@ -602,7 +602,7 @@ TEST_CASE("checkpoint: names that do not name every tensor are INTERNAL, "
   requireOk(two.add("w0", {1000}));
   requireOk(two.add("w1", {7, 11}));
   CHECK(two.add("w0", {1}).code() == Code::InvalidArgument);
-  Subject s(*a.trainer, two);
+  Subject s(*a.stepper, two);
   CHECK(checkpoint::save_buffer(s, Form::Compressed).code() == Code::Internal);
   std::vector<uint8_t> bytes = save(a, Form::Compressed);
   Snapshot before(a);

@@ -5,7 +5,7 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// train::Trainer's externally reduced data parallelism
+/// train::Stepper's externally reduced data parallelism
 /// (runtime/src/train/ExternalAgreement.cpp) without a framework: W ranks
 /// are threads of this process, each with its own optimizer over its own
 /// shards of the same tensors (cut at quantization-group boundaries, as the
@@ -17,7 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "dist/Communicator.h"
-#include "train/Trainer.h"
+#include "train/Stepper.h"
 #include "RuntimeTestSupport.h"
 
 #include <doctest/doctest.h>
@@ -33,7 +33,7 @@
 using namespace flashopt;
 using flashopt::testing::noEnv;
 using train::NonFinitePolicy;
-using train::Trainer;
+using train::Stepper;
 using host::Expected;
 
 namespace {
@@ -159,10 +159,10 @@ std::pair<int64_t, int64_t> shardOf(int64_t n, int r, int W) {
 }
 
 /// One rank: its shards of every tensor (copies), registered with their
-/// element offsets, under a Trainer with externally reduced parallelism.
+/// element offsets, under a Stepper with externally reduced parallelism.
 struct Rank {
   std::unique_ptr<host::CpuOptimizer> opt;
-  std::unique_ptr<Trainer> trainer;
+  std::unique_ptr<Stepper> stepper;
   std::vector<std::vector<float>> p, g;
   std::vector<std::pair<int64_t, int64_t>> ranges; ///< [tensor]: [a, c)
   std::vector<int64_t> tensorOf; ///< [registered index]: whole tensor
@@ -183,8 +183,8 @@ struct Rank {
       REQUIRE(opt->set_element_offset(*i, ranges[t].first).ok());
       tensorOf.push_back(int64_t(t));
     }
-    trainer = std::make_unique<Trainer>(*opt);
-    REQUIRE(trainer->attach_external(world.comm(r)).ok());
+    stepper = std::make_unique<Stepper>(*opt);
+    REQUIRE(stepper->attach_external(world.comm(r)).ok());
   }
   std::vector<int64_t> all() const {
     std::vector<int64_t> v;
@@ -217,11 +217,11 @@ struct Outcome {
 
 std::vector<Outcome>
 stepAll(ThreadWorld &world, std::vector<std::unique_ptr<Rank>> &ranks,
-        const std::function<Trainer::ExternalStep(int)> &mine) {
+        const std::function<Stepper::ExternalStep(int)> &mine) {
   std::vector<Outcome> out(static_cast<size_t>(kWorld));
   world.run([&](int r) {
     Rank &k = *ranks[size_t(r)];
-    Expected<bool> s = k.trainer->step_external(k.all(), mine(r));
+    Expected<bool> s = k.stepper->step_external(k.all(), mine(r));
     Outcome &o = out[size_t(r)];
     o.ok = s.ok();
     if (s.ok())
@@ -235,8 +235,8 @@ stepAll(ThreadWorld &world, std::vector<std::unique_ptr<Rank>> &ranks,
 }
 
 /// Every rank steps the three whole tensors (the caller's parameters 0-2).
-Trainer::ExternalStep plain(int) {
-  Trainer::ExternalStep s;
+Stepper::ExternalStep plain(int) {
+  Stepper::ExternalStep s;
   s.params = {0, 1, 2};
   return s;
 }
@@ -250,7 +250,7 @@ TEST_CASE("externally reduced: W = 3 ranks' shards step as one process steps "
   for (size_t t = 0; t < kSizes.size(); ++t)
     REQUIRE(one->add_param(0, ref.p[t].data(), kSizes[t], ref.g[t].data())
                 .ok());
-  Trainer single(*one);
+  Stepper single(*one);
   ThreadWorld world(kWorld);
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < kWorld; ++r)
@@ -269,12 +269,12 @@ TEST_CASE("externally reduced: W = 3 ranks' shards step as one process steps "
     }
     for (auto &k : ranks) {
       CHECK(k->paramsAre(ref));
-      CHECK(k->trainer->step_count() == int64_t(s));
+      CHECK(k->stepper->step_count() == int64_t(s));
       for (int64_t i : k->all())
-        CHECK(k->trainer->tensor_step(i) == int64_t(s));
+        CHECK(k->stepper->tensor_step(i) == int64_t(s));
       // Rank 2 holds none of parameter 2, and counts it all the same.
       for (int64_t id : {0, 1, 2})
-        CHECK(k->trainer->external_step(id) == int64_t(s));
+        CHECK(k->stepper->external_step(id) == int64_t(s));
     }
   }
   // A parameter's own step (gradient release): its counter alone.
@@ -284,18 +284,18 @@ TEST_CASE("externally reduced: W = 3 ranks' shards step as one process steps "
   std::vector<Outcome> out(static_cast<size_t>(kWorld));
   world.run([&](int r) {
     Rank &k = *ranks[size_t(r)];
-    Trainer::ExternalStep one;
+    Stepper::ExternalStep one;
     one.params = {0};
-    Expected<bool> s = k.trainer->step_external({0}, one);
+    Expected<bool> s = k.stepper->step_external({0}, one);
     out[size_t(r)].ok = s.ok() && *s;
   });
   for (int r = 0; r < kWorld; ++r) {
     CHECK(out[size_t(r)].ok);
-    CHECK(ranks[size_t(r)]->trainer->external_step(0) == 5);
-    CHECK(ranks[size_t(r)]->trainer->external_step(1) == 4);
-    CHECK(ranks[size_t(r)]->trainer->tensor_step(0) == 5);
-    CHECK(ranks[size_t(r)]->trainer->tensor_step(1) == 4);
-    CHECK(ranks[size_t(r)]->trainer->step_count() == 4);
+    CHECK(ranks[size_t(r)]->stepper->external_step(0) == 5);
+    CHECK(ranks[size_t(r)]->stepper->external_step(1) == 4);
+    CHECK(ranks[size_t(r)]->stepper->tensor_step(0) == 5);
+    CHECK(ranks[size_t(r)]->stepper->tensor_step(1) == 4);
+    CHECK(ranks[size_t(r)]->stepper->step_count() == 4);
   }
 }
 
@@ -314,29 +314,29 @@ TEST_CASE("externally reduced: a found_inf, an error, a missing gradient or a "
     before.push_back(k->p);
   auto unchanged = [&] {
     for (int r = 0; r < kWorld; ++r) {
-      CHECK(ranks[size_t(r)]->trainer->external_step(0) == 1);
+      CHECK(ranks[size_t(r)]->stepper->external_step(0) == 1);
       CHECK(ranks[size_t(r)]->p == before[size_t(r)]);
-      CHECK(ranks[size_t(r)]->trainer->step_count() == 1);
-      CHECK(ranks[size_t(r)]->trainer->tensor_step(0) == 1);
+      CHECK(ranks[size_t(r)]->stepper->step_count() == 1);
+      CHECK(ranks[size_t(r)]->stepper->tensor_step(0) == 1);
     }
   };
 
   SUBCASE("found_inf on rank 1: every rank skips and counts it") {
     std::vector<Outcome> out = stepAll(world, ranks, [](int r) {
-      Trainer::ExternalStep s = plain(r);
+      Stepper::ExternalStep s = plain(r);
       s.found_inf = r == 1;
       return s;
     });
     for (int r = 0; r < kWorld; ++r) {
       CHECK(out[size_t(r)].ok);
       CHECK_FALSE(out[size_t(r)].stepped);
-      CHECK(ranks[size_t(r)]->trainer->skipped_steps() == 1);
+      CHECK(ranks[size_t(r)]->stepper->skipped_steps() == 1);
     }
     unchanged();
   }
   SUBCASE("the skip policy and a NaN gradient on rank 2: every rank skips") {
     for (auto &k : ranks)
-      REQUIRE(k->trainer->set_nonfinite_policy(NonFinitePolicy::Skip).ok());
+      REQUIRE(k->stepper->set_nonfinite_policy(NonFinitePolicy::Skip).ok());
     ranks[2]->g[0][3] = std::numeric_limits<float>::quiet_NaN();
     std::vector<Outcome> out = stepAll(world, ranks, plain);
     for (const Outcome &o : out) {
@@ -347,7 +347,7 @@ TEST_CASE("externally reduced: a found_inf, an error, a missing gradient or a "
   }
   SUBCASE("an error on rank 2: every rank fails with its code and message") {
     std::vector<Outcome> out = stepAll(world, ranks, [](int r) {
-      Trainer::ExternalStep s = plain(r);
+      Stepper::ExternalStep s = plain(r);
       if (r == 2)
         s.error = host::Status::error(host::Code::InvalidArgument,
                                       "the gradient of p0 is not a DTensor");
@@ -375,7 +375,7 @@ TEST_CASE("externally reduced: a found_inf, an error, a missing gradient or a "
   SUBCASE("different parameters or hyper-parameters: Mismatch on every "
           "rank") {
     std::vector<Outcome> out = stepAll(world, ranks, [](int r) {
-      Trainer::ExternalStep s;
+      Stepper::ExternalStep s;
       s.params = r == 1 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0};
       return s;
     });
@@ -394,7 +394,7 @@ TEST_CASE("externally reduced: a found_inf, an error, a missing gradient or a "
     unchanged();
   }
   SUBCASE("clipping is refused on every rank") {
-    REQUIRE(ranks[1]->trainer->set_max_grad_norm(1.0).ok());
+    REQUIRE(ranks[1]->stepper->set_max_grad_norm(1.0).ok());
     std::vector<Outcome> out = stepAll(world, ranks, plain);
     for (const Outcome &o : out) {
       CHECK(o.code == host::Code::Unsupported);
@@ -412,7 +412,7 @@ TEST_CASE("externally reduced: the other step entry points and a second "
   ThreadWorld world(1);
   auto opt = load("adam_f32");
   REQUIRE(opt->add_param(0, w.p[0].data(), kSizes[0], w.g[0].data()).ok());
-  Trainer t(*opt);
+  Stepper t(*opt);
   CHECK(t.step_external({0}, {}).status().code() == host::Code::State);
   REQUIRE(t.attach_external(world.comm(0)).ok());
   CHECK(t.external());

@@ -1,11 +1,11 @@
-//===- TrainerTest.cpp - The training step, without C handles -------------===//
+//===- StepperTest.cpp - The training step, without C handles -------------===//
 //
 // Part of flashopt.
 //
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// runtime/src/train/Trainer.cpp over CPU optimizers of shipped bundles
+/// runtime/src/train/Stepper.cpp over CPU optimizers of shipped bundles
 /// (<build>/kernels) and of an accumulation bundle
 /// (<build>/kernels-accumulate): each step shape against the same kernels
 /// driven by hand through host::Optimizer, bit for bit; the counters; the
@@ -15,7 +15,7 @@
 ///
 //===----------------------------------------------------------------------===//
 
-#include "train/Trainer.h"
+#include "train/Stepper.h"
 #include "RuntimeTestSupport.h"
 
 #include <doctest/doctest.h>
@@ -35,7 +35,7 @@ using flashopt::testing::makeOptimizer;
 using flashopt::testing::noEnv;
 using train::NonFinitePolicy;
 using train::StepKind;
-using train::Trainer;
+using train::Stepper;
 
 namespace {
 
@@ -111,14 +111,14 @@ float gradScale(host::Optimizer &o, int g = 0) {
 
 } // namespace
 
-TEST_CASE("trainer: a plain step is the optimizer's step over every tensor "
+TEST_CASE("stepper: a plain step is the optimizer's step over every tensor "
           "and advances every counter") {
   auto a = load(shipped("adam_f32"));
   auto b = load(shipped("adam_f32"));
   Tensors ta(1), tb(1);
   ta.add(*a);
   tb.add(*b);
-  Trainer t(*a);
+  Stepper t(*a);
   CHECK(t.next_step_kind() == StepKind::Plain);
   for (int64_t k = 1; k <= 3; ++k) {
     requireOk(t.step());
@@ -131,14 +131,14 @@ TEST_CASE("trainer: a plain step is the optimizer's step over every tensor "
   }
 }
 
-TEST_CASE("trainer: gradient release steps one tensor, and the next step runs "
+TEST_CASE("stepper: gradient release steps one tensor, and the next step runs "
           "one kernel call per distinct counter") {
   auto a = load(shipped("adam_f32"));
   auto b = load(shipped("adam_f32"));
   Tensors ta(2), tb(2);
   ta.add(*a);
   tb.add(*b);
-  Trainer t(*a);
+  Stepper t(*a);
   requireOk(t.step_tensor(1));
   requireOk(t.step_tensor(1));
   CHECK(t.tensor_step(1) == 2);
@@ -156,12 +156,12 @@ TEST_CASE("trainer: gradient release steps one tensor, and the next step runs "
   CHECK(t.step_count() == 1);
 }
 
-TEST_CASE("trainer: a missing gradient or an unset hyper-parameter is STATE "
+TEST_CASE("stepper: a missing gradient or an unset hyper-parameter is STATE "
           "and steps nothing") {
   auto a = load(shipped("sgd_f32"));
   Tensors ta(3), before(3);
   ta.add(*a, /*grads=*/false);
-  Trainer t(*a, [](int64_t i) { return "parameter #" + std::to_string(i); });
+  Stepper t(*a, [](int64_t i) { return "parameter #" + std::to_string(i); });
   host::Status s = t.step();
   CHECK(s.code() == host::Code::State);
   CHECK(s.message().find("parameter #0 has no gradient") != std::string::npos);
@@ -174,21 +174,21 @@ TEST_CASE("trainer: a missing gradient or an unset hyper-parameter is STATE "
   // null) that was never set.
   auto m = flashopt::testing::fakeManifest();
   m["hypers"][0]["default"] = nullptr;
-  auto f = makeOptimizer({}, makeBundle("trainer_lr_unset", m));
+  auto f = makeOptimizer({}, makeBundle("stepper_lr_unset", m));
   std::vector<float> p(64, 1.0f), g(64, 0.5f);
   REQUIRE(f->add_param(0, p.data(), 64, g.data()).ok());
-  Trainer tf(*f);
+  Stepper tf(*f);
   s = tf.step();
   CHECK(s.code() == host::Code::State);
   CHECK(s.message().find("never set") != std::string::npos);
   CHECK(tf.step_count() == 0);
 }
 
-TEST_CASE("trainer: the skip policy skips a non-finite step and counts it") {
+TEST_CASE("stepper: the skip policy skips a non-finite step and counts it") {
   auto a = load(shipped("sgd_f32"));
   Tensors ta(4);
   ta.add(*a);
-  Trainer t(*a);
+  Stepper t(*a);
   requireOk(t.set_nonfinite_policy(NonFinitePolicy::Skip));
   Tensors before = ta;
   ta.g[1][7] = std::numeric_limits<float>::infinity();
@@ -211,7 +211,7 @@ TEST_CASE("trainer: the skip policy skips a non-finite step and counts it") {
   CHECK(t.skipped_steps() == 2);
 }
 
-TEST_CASE("trainer: clipping folds max_norm / norm into grad_scale for one "
+TEST_CASE("stepper: clipping folds max_norm / norm into grad_scale for one "
           "step and puts the caller's grad_scale back") {
   auto a = load(shipped("sgd_f32"));
   auto b = load(shipped("sgd_f32"));
@@ -220,7 +220,7 @@ TEST_CASE("trainer: clipping folds max_norm / norm into grad_scale for one "
   tb.add(*b);
   requireOk(a->set_hyper(0, abi::kGradScaleHyper, 0.5f));
   requireOk(b->set_hyper(0, abi::kGradScaleHyper, 0.5f));
-  Trainer t(*a);
+  Stepper t(*a);
   CHECK(t.last_grad_norm() == -1.0);
   requireOk(t.set_max_grad_norm(0.25));
   requireOk(t.step());
@@ -250,9 +250,9 @@ TEST_CASE("trainer: clipping folds max_norm / norm into grad_scale for one "
   CHECK(t.last_grad_norm() == -1.0);
 }
 
-TEST_CASE("trainer: setters refuse what they cannot take, changing nothing") {
+TEST_CASE("stepper: setters refuse what they cannot take, changing nothing") {
   auto a = load(shipped("sgd_f32"));
-  Trainer t(*a);
+  Stepper t(*a);
   for (double bad :
        {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     CHECK(t.set_max_grad_norm(bad).code() == host::Code::InvalidArgument);
@@ -270,7 +270,7 @@ TEST_CASE("trainer: setters refuse what they cannot take, changing nothing") {
   CHECK(!t.accumulation_pending());
 }
 
-TEST_CASE("trainer: an accumulation ends in the fused step, or with a "
+TEST_CASE("stepper: an accumulation ends in the fused step, or with a "
           "decision to take in the accumulated one, the same bits") {
   const std::string dir = accumulating("sgd_f32_acc_f32");
   auto a = load(dir), c = load(dir), b = load(dir);
@@ -278,7 +278,7 @@ TEST_CASE("trainer: an accumulation ends in the fused step, or with a "
   ta.add(*a);
   tc.add(*c);
   tb.add(*b);
-  Trainer t(*a), tskip(*c);
+  Stepper t(*a), tskip(*c);
   requireOk(tskip.set_nonfinite_policy(NonFinitePolicy::Skip));
   for (unsigned k = 0; k < 2; ++k) {
     for (Tensors *x : {&ta, &tc, &tb})
@@ -302,7 +302,7 @@ TEST_CASE("trainer: an accumulation ends in the fused step, or with a "
   requireOk(b->step_tensors(all(), 1, abi::KernelKind::StepAccumulated));
   CHECK(ta.sameParams(tb));
   CHECK(tc.sameParams(tb));
-  for (Trainer *x : {&t, &tskip}) {
+  for (Stepper *x : {&t, &tskip}) {
     CHECK(x->step_count() == 1);
     CHECK(x->accumulated(0) == 0);
     CHECK(!x->accumulation_pending());
@@ -335,12 +335,12 @@ TEST_CASE("trainer: an accumulation ends in the fused step, or with a "
   CHECK(acc == std::vector<float>(5, 0.0f));
 }
 
-TEST_CASE("trainer: micro-batches must be the same for every tensor, and "
+TEST_CASE("stepper: micro-batches must be the same for every tensor, and "
           "keep gradient release out") {
   auto a = load(accumulating("sgd_f32_acc_f32"));
   Tensors ta(8), before(8);
   ta.add(*a);
-  Trainer t(*a);
+  Stepper t(*a);
   requireOk(t.accumulate({0, 2}));
   CHECK(t.accumulated(0) == 1);
   CHECK(t.accumulated(1) == 0);
@@ -354,13 +354,13 @@ TEST_CASE("trainer: micro-batches must be the same for every tensor, and "
   CHECK(t.reduce_bucket(0).code() == host::Code::State); // no communicator
 }
 
-TEST_CASE("trainer: restore sets what a checkpoint holds") {
+TEST_CASE("stepper: restore sets what a checkpoint holds") {
   auto a = load(shipped("adam_f32"));
   auto b = load(shipped("adam_f32"));
   Tensors ta(9), tb(9);
   ta.add(*a);
   tb.add(*b);
-  Trainer t(*a);
+  Stepper t(*a);
   t.restore({4, 2, 7}, 5, 3);
   CHECK(t.step_count() == 5);
   CHECK(a->step_count() == 5);
@@ -429,7 +429,7 @@ std::vector<dist::LayoutEntry> layoutOf(const Tensors &t) {
 
 } // namespace
 
-TEST_CASE("trainer: data parallelism over one rank steps as without it") {
+TEST_CASE("stepper: data parallelism over one rank steps as without it") {
   for (bool sharded : {false, true}) {
     CAPTURE(sharded);
     auto a = load(shipped("adam_f32"));
@@ -437,7 +437,7 @@ TEST_CASE("trainer: data parallelism over one rank steps as without it") {
     Tensors ta(11), tb(11);
     ta.add(*a);
     tb.add(*b);
-    Trainer t(*a);
+    Stepper t(*a);
     EchoEngine engine;
     requireOk(
         t.attach(engine.communicator(), layoutOf(ta), true, 1024, sharded));
@@ -462,12 +462,12 @@ TEST_CASE("trainer: data parallelism over one rank steps as without it") {
   }
 }
 
-TEST_CASE("trainer: ranks that disagree are a MISMATCH before anything "
+TEST_CASE("stepper: ranks that disagree are a MISMATCH before anything "
           "changes") {
   auto a = load(shipped("sgd_f32"));
   Tensors ta(12), before(12);
   ta.add(*a);
-  Trainer t(*a);
+  Stepper t(*a);
   EchoEngine engine;
   engine.size = 2;
   requireOk(t.attach(engine.communicator(), layoutOf(ta), true, 0, false));
@@ -484,7 +484,7 @@ TEST_CASE("trainer: ranks that disagree are a MISMATCH before anything "
   auto c = load(shipped("sgd_f32"));
   Tensors tc(12);
   tc.add(*c);
-  Trainer tc2(*c);
+  Stepper tc2(*c);
   host::Status at =
       tc2.attach(engine.communicator(), layoutOf(tc), true, 0, false);
   CHECK(at.code() == host::Code::Mismatch);
@@ -494,17 +494,17 @@ TEST_CASE("trainer: ranks that disagree are a MISMATCH before anything "
   CHECK(tc2.data_parallel() == nullptr);
 }
 
-TEST_CASE("trainer: an index out of range is INVALID_ARGUMENT") {
+TEST_CASE("stepper: an index out of range is INVALID_ARGUMENT") {
   auto a = load(shipped("sgd_f32"));
   Tensors ta(13);
   ta.add(*a);
-  Trainer t(*a);
+  Stepper t(*a);
   CHECK(t.step_tensor(3).code() == host::Code::InvalidArgument);
   CHECK(t.step_tensor(-1).code() == host::Code::InvalidArgument);
   auto b = load(accumulating("sgd_f32_acc_f32"));
   Tensors tb(13);
   tb.add(*b);
-  Trainer tt(*b);
+  Stepper tt(*b);
   host::Status s = tt.accumulate({0, 7});
   CHECK(s.code() == host::Code::InvalidArgument);
   CHECK(s.message() == "tensor 7 does not exist (there are 3)");

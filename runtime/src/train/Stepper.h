@@ -1,4 +1,4 @@
-//===- Trainer.h - What a training step means -------------------*- C++ -*-===//
+//===- Stepper.h - What a training step means -------------------*- C++ -*-===//
 //
 // Part of flashopt.
 //
@@ -19,20 +19,20 @@
 /// (capi/StepApi.cpp, capi/AccumulateApi.cpp, capi/Comm.cpp).
 ///
 /// Failures are a Status whose code says what went wrong (abi/Status.h),
-/// set where it went wrong: the trainer's own checks give State (a call not
+/// set where it went wrong: the stepper's own checks give State (a call not
 /// valid now: a missing gradient, micro-batches pending, a communicator
 /// attached twice), InvalidArgument (a setter's value, a tensor or bucket
 /// index) and Unsupported (a policy or accumulation the bundle or device
 /// cannot do); what it calls keeps its own code: State (a hyper-parameter
 /// never set), Mismatch (the ranks disagree), Comm (a collective, or
 /// another rank, failed), Cuda (a driver call), OutOfMemory, Internal. The
-/// trainer adds context to a message (the rank) but never changes a code.
+/// stepper adds context to a message (the rank) but never changes a code.
 /// A failed step advances no step counter.
 ///
 //===----------------------------------------------------------------------===//
 
-#ifndef FLASHOPT_TRAIN_TRAINER_H
-#define FLASHOPT_TRAIN_TRAINER_H
+#ifndef FLASHOPT_TRAIN_STEPPER_H
+#define FLASHOPT_TRAIN_STEPPER_H
 
 #include "dist/DataParallel.h"
 #include "flashopt/host/Optimizer.h"
@@ -76,14 +76,14 @@ enum class StepKind {
 /// Names tensor `i` in messages ("parameter 'w' (index 0)").
 using TensorNamer = std::function<std::string(int64_t)>;
 
-class Trainer {
+class Stepper {
 public:
-  /// A trainer over `opt` (which must outlive it). Tensors registered with
+  /// A stepper over `opt` (which must outlive it). Tensors registered with
   /// `opt` at any time start with step and accumulation counters at 0.
-  explicit Trainer(host::Optimizer &opt, TensorNamer name = nullptr);
-  ~Trainer();
-  Trainer(const Trainer &) = delete;
-  Trainer &operator=(const Trainer &) = delete;
+  explicit Stepper(host::Optimizer &opt, TensorNamer name = nullptr);
+  ~Stepper();
+  Stepper(const Stepper &) = delete;
+  Stepper &operator=(const Stepper &) = delete;
 
   host::Optimizer &optimizer() { return opt_; }
 
@@ -256,4 +256,4 @@ private:
 
 } // namespace flashopt::train
 
-#endif // FLASHOPT_TRAIN_TRAINER_H
+#endif // FLASHOPT_TRAIN_STEPPER_H

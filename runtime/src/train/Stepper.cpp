@@ -1,4 +1,4 @@
-//===- Trainer.cpp - What a training step means ---------------------------===//
+//===- Stepper.cpp - What a training step means ---------------------------===//
 //
 // Part of flashopt.
 //
@@ -6,11 +6,11 @@
 ///
 /// \file
 /// The step's phases (agree, reduce, decide, clip, run, finish), gradient
-/// release, accumulation and the policy setters. See Trainer.h.
+/// release, accumulation and the policy setters. See Stepper.h.
 ///
 //===----------------------------------------------------------------------===//
 
-#include "Trainer.h"
+#include "Stepper.h"
 
 #include <algorithm>
 #include <cctype>
@@ -47,7 +47,7 @@ std::string contextName(const host::Backend &b) {
 
 /// The caller's grad_scale values, remembered before the first change of a
 /// step and put back when the step ends, however it ends.
-class Trainer::GradScales {
+class Stepper::GradScales {
 public:
   explicit GradScales(host::Optimizer &opt) : opt_(opt) {}
   ~GradScales() { restore(); }
@@ -100,45 +100,45 @@ private:
 // Counters
 //===----------------------------------------------------------------------===//
 
-Trainer::Trainer(host::Optimizer &opt, TensorNamer name)
+Stepper::Stepper(host::Optimizer &opt, TensorNamer name)
     : opt_(opt), name_(std::move(name)) {}
 
-Trainer::~Trainer() = default;
+Stepper::~Stepper() = default;
 
-void Trainer::sync() {
+void Stepper::sync() {
   if (counters_.size() < size_t(opt_.num_tensors()))
     counters_.resize(size_t(opt_.num_tensors()));
 }
 
-std::vector<int64_t> Trainer::allTensors() const {
+std::vector<int64_t> Stepper::allTensors() const {
   std::vector<int64_t> all(size_t(opt_.num_tensors()));
   for (size_t i = 0; i < all.size(); ++i)
     all[i] = int64_t(i);
   return all;
 }
 
-std::string Trainer::name(int64_t i) const {
+std::string Stepper::name(int64_t i) const {
   return name_ ? name_(i) : "tensor " + std::to_string(i);
 }
 
-int64_t Trainer::tensor_step(int64_t i) const {
+int64_t Stepper::tensor_step(int64_t i) const {
   return i >= 0 && size_t(i) < counters_.size() ? counters_[size_t(i)].step : 0;
 }
 
-int64_t Trainer::accumulated(int64_t i) const {
+int64_t Stepper::accumulated(int64_t i) const {
   return i >= 0 && size_t(i) < counters_.size()
              ? counters_[size_t(i)].accumulated
              : 0;
 }
 
-bool Trainer::accumulation_pending() const {
+bool Stepper::accumulation_pending() const {
   for (const Counters &c : counters_)
     if (c.accumulated > 0)
       return true;
   return false;
 }
 
-void Trainer::restore(const std::vector<int64_t> &tensor_steps, int64_t step,
+void Stepper::restore(const std::vector<int64_t> &tensor_steps, int64_t step,
                       int64_t skipped) {
   sync();
   for (size_t i = 0; i < counters_.size(); ++i)
@@ -152,7 +152,7 @@ void Trainer::restore(const std::vector<int64_t> &tensor_steps, int64_t step,
 // Policy
 //===----------------------------------------------------------------------===//
 
-Status Trainer::set_nonfinite_policy(NonFinitePolicy policy) {
+Status Stepper::set_nonfinite_policy(NonFinitePolicy policy) {
   if (policy == NonFinitePolicy::Skip && !opt_.backend().scans_gradients())
     return Status::error(Code::Unsupported,
                          "skipping steps on non-finite gradients is not "
@@ -164,7 +164,7 @@ Status Trainer::set_nonfinite_policy(NonFinitePolicy policy) {
   return Status::success();
 }
 
-Status Trainer::set_max_grad_norm(double max_norm) {
+Status Stepper::set_max_grad_norm(double max_norm) {
   if (!std::isfinite(max_norm) || max_norm < 0.0)
     return Status::error(Code::InvalidArgument,
                          "max_norm must be finite and >= 0 (0 turns clipping "
@@ -188,7 +188,7 @@ Status Trainer::set_max_grad_norm(double max_norm) {
   return Status::success();
 }
 
-Status Trainer::set_accumulation_normalizer(double normalizer) {
+Status Stepper::set_accumulation_normalizer(double normalizer) {
   if (!std::isfinite(normalizer) || normalizer < 0.0)
     return Status::error(Code::InvalidArgument,
                          "normalizer must be finite and >= 0 (0: the number "
@@ -202,7 +202,7 @@ Status Trainer::set_accumulation_normalizer(double normalizer) {
 // Checks
 //===----------------------------------------------------------------------===//
 
-Status Trainer::checkReady(const std::vector<int64_t> &idx) {
+Status Stepper::checkReady(const std::vector<int64_t> &idx) {
   for (int64_t i : idx)
     if (i < 0 || i >= opt_.num_tensors())
       return Status::error(Code::InvalidArgument,
@@ -218,7 +218,7 @@ Status Trainer::checkReady(const std::vector<int64_t> &idx) {
   return opt_.step_tensors({}, 0);
 }
 
-Status Trainer::checkCanAccumulate() const {
+Status Stepper::checkCanAccumulate() const {
   const host::Manifest &m = opt_.manifest();
   if (!m.accumulator)
     return Status::error(Code::Unsupported,
@@ -234,7 +234,7 @@ Status Trainer::checkCanAccumulate() const {
   return Status::success();
 }
 
-Expected<bool> Trainer::gradsFinite(const std::vector<int64_t> &idx) {
+Expected<bool> Stepper::gradsFinite(const std::vector<int64_t> &idx) {
   return opt_.grads_finite(idx);
 }
 
@@ -242,14 +242,14 @@ Expected<bool> Trainer::gradsFinite(const std::vector<int64_t> &idx) {
 // The step
 //===----------------------------------------------------------------------===//
 
-StepKind Trainer::next_step_kind() const {
+StepKind Stepper::next_step_kind() const {
   if (!accumulation_pending())
     return StepKind::Plain;
   const bool decides = maxGradNorm_ > 0.0 || policy_ == NonFinitePolicy::Skip;
   return dp_ || decides ? StepKind::Accumulated : StepKind::Fused;
 }
 
-Status Trainer::step() {
+Status Stepper::step() {
   sync();
   if (peers_)
     return Status::error(Code::State,
@@ -258,7 +258,7 @@ Status Trainer::step() {
   return step(next_step_kind());
 }
 
-Status Trainer::step(StepKind kind) {
+Status Stepper::step(StepKind kind) {
   const std::vector<int64_t> all = allTensors();
   // Ready: gradients, hyper-parameters, and (accumulated) one number of
   // micro-batches for every tensor, since one scale serves them all.
@@ -326,7 +326,7 @@ Status Trainer::step(StepKind kind) {
   return Status::success();
 }
 
-Expected<bool> Trainer::agree(StepKind kind, int64_t microBatches) {
+Expected<bool> Stepper::agree(StepKind kind, int64_t microBatches) {
   dist::DataParallel::StepView view;
   view.skip_policy = policy_ == NonFinitePolicy::Skip;
   if (kind == StepKind::Plain && view.skip_policy) {
@@ -347,7 +347,7 @@ Expected<bool> Trainer::agree(StepKind kind, int64_t microBatches) {
   return skip;
 }
 
-Status Trainer::reduce(StepKind kind, int64_t microBatches) {
+Status Stepper::reduce(StepKind kind, int64_t microBatches) {
   if (kind == StepKind::Accumulated) {
     // Micro-batch N joins the accumulators first.
     if (Status s = opt_.accumulate_tensors(allTensors()); !s)
@@ -366,7 +366,7 @@ Status Trainer::reduce(StepKind kind, int64_t microBatches) {
   return r;
 }
 
-Expected<bool> Trainer::decide(StepKind kind) {
+Expected<bool> Stepper::decide(StepKind kind) {
   if (policy_ != NonFinitePolicy::Skip || kind == StepKind::Fused)
     return true;
   if (kind == StepKind::Plain) {
@@ -379,7 +379,7 @@ Expected<bool> Trainer::decide(StepKind kind) {
              : opt_.accumulators_finite(allTensors());
 }
 
-Status Trainer::skip(StepKind kind) {
+Status Stepper::skip(StepKind kind) {
   if (kind != StepKind::Plain) {
     // The micro-batches are dropped; nothing else changes.
     Status z = dp_ ? dp_->zero_accumulators(opt_) : opt_.zero_accumulators();
@@ -392,7 +392,7 @@ Status Trainer::skip(StepKind kind) {
   return Status::success();
 }
 
-Status Trainer::clip(StepKind kind, GradScales &scales) {
+Status Stepper::clip(StepKind kind, GradScales &scales) {
   if (maxGradNorm_ <= 0.0)
     return Status::success();
   const std::vector<int64_t> all = allTensors();
@@ -418,7 +418,7 @@ Status Trainer::clip(StepKind kind, GradScales &scales) {
   return scales.set(*v, float(maxGradNorm_ / (norm + 1e-6)));
 }
 
-Status Trainer::run(StepKind kind) {
+Status Stepper::run(StepKind kind) {
   const abi::KernelKind kernel = kind == StepKind::Plain ? abi::KernelKind::Step
                                  : kind == StepKind::Fused
                                      ? abi::KernelKind::StepFused
@@ -446,7 +446,7 @@ Status Trainer::run(StepKind kind) {
   return Status::success();
 }
 
-void Trainer::finish(StepKind kind) {
+void Stepper::finish(StepKind kind) {
   for (Counters &c : counters_) {
     ++c.step;
     if (kind != StepKind::Plain)
@@ -456,7 +456,7 @@ void Trainer::finish(StepKind kind) {
   opt_.set_step_count(step_);
 }
 
-uint64_t Trainer::hyperHash() const {
+uint64_t Stepper::hyperHash() const {
   // FNV-1a over the bytes of the hyper table.
   const std::vector<float> &v = opt_.hyper_table();
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -472,7 +472,7 @@ uint64_t Trainer::hyperHash() const {
 // Gradient release and accumulation
 //===----------------------------------------------------------------------===//
 
-Status Trainer::step_tensor(int64_t i) {
+Status Stepper::step_tensor(int64_t i) {
   sync();
   if (i < 0 || i >= opt_.num_tensors())
     return checkReady({i}); // the error naming the index
@@ -513,7 +513,7 @@ Status Trainer::step_tensor(int64_t i) {
   return Status::success();
 }
 
-Status Trainer::accumulate(const std::vector<int64_t> &indices) {
+Status Stepper::accumulate(const std::vector<int64_t> &indices) {
   sync();
   if (Status s = checkCanAccumulate(); !s)
     return s;
@@ -530,7 +530,7 @@ Status Trainer::accumulate(const std::vector<int64_t> &indices) {
 // Data parallelism
 //===----------------------------------------------------------------------===//
 
-Status Trainer::attach(std::shared_ptr<dist::Communicator> comm,
+Status Stepper::attach(std::shared_ptr<dist::Communicator> comm,
                        const std::vector<dist::LayoutEntry> &layout,
                        bool deterministic, size_t bucket_bytes, bool sharded) {
   if (dp_ || peers_)
@@ -548,7 +548,7 @@ Status Trainer::attach(std::shared_ptr<dist::Communicator> comm,
   return Status::success();
 }
 
-Status Trainer::reduce_bucket(int b) {
+Status Stepper::reduce_bucket(int b) {
   sync();
   if (!dp_)
     return Status::error(Code::State, "no communicator is attached");
