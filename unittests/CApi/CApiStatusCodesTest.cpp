@@ -302,13 +302,7 @@ TEST_CASE("every failure of the public entry points has its status") {
   const int64_t someParams[1] = {0};
 
   // CUDA over the stand-in driver (device memory is host memory).
-  setenv("FLASHOPT_CUDA_DRIVER", FLASHOPT_MOCK_CUDA, 1);
-  setenv("FLASHOPT_MOCK_CUDA_CC", "9.0", 1);
-  setenv("FLASHOPT_MOCK_CUDA_KERNELS", kernels.c_str(), 1);
-  flashopt_context gctx = nullptr;
-  REQUIRE_MESSAGE(flashopt_context_create(FLASHOPT_DEVICE_CUDA, 0, &gctx) ==
-                      FLASHOPT_OK,
-                  lastError());
+  flashopt_context gctx = mockCudaContext();
   flashopt_optimizer gopt = nullptr;
   REQUIRE_MESSAGE(flashopt_optimizer_create(gctx, bundleDir(kSpec).c_str(),
                                             &gopt) == FLASHOPT_OK,

@@ -103,6 +103,23 @@ inline bool sameMaster(const std::vector<float> &a, const std::vector<float> &b,
   return true;
 }
 
+#ifdef FLASHOPT_MOCK_CUDA
+/// A CUDA context over the PTX-interpreting stand-in driver of
+/// unittests/Runtime (compute capability 9.0, the shipped kernels; no GPU
+/// needed). The environment it sets stays set.
+inline flashopt_context mockCudaContext() {
+  setenv("FLASHOPT_CUDA_DRIVER", FLASHOPT_MOCK_CUDA, 1);
+  setenv("FLASHOPT_MOCK_CUDA_CC", "9.0", 1);
+  const std::string kernels = binaryDir() + "/kernels";
+  setenv("FLASHOPT_MOCK_CUDA_KERNELS", kernels.c_str(), 1);
+  flashopt_context ctx = nullptr;
+  REQUIRE_MESSAGE(flashopt_context_create(FLASHOPT_DEVICE_CUDA, 0, &ctx) ==
+                      FLASHOPT_OK,
+                  lastError());
+  return ctx;
+}
+#endif
+
 /// This process's scratch directory, removed at exit.
 inline fs::path scratch() {
   struct Scratch {

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -164,6 +165,25 @@ inline json adamwLikeManifest() {
                           {"total", 7.125}, {"total_with_grad_release", 5.125}};
   return m;
 }
+
+#ifdef FLASHOPT_TEST_BINARY_DIR
+/// Bundle `name` of the build tree's bundle directory `dir` ("kernels",
+/// "kernels-accumulate"; the tree is $FLASHOPT_BINARY_DIR when set).
+inline std::string builtBundle(const std::string &dir, const std::string &name) {
+  const char *b = std::getenv("FLASHOPT_BINARY_DIR");
+  return std::string(b ? b : FLASHOPT_TEST_BINARY_DIR) + "/" + dir + "/" + name;
+}
+
+/// A CPU optimizer over the bundle directory `path` with `threads` threads.
+inline std::unique_ptr<CpuOptimizer> loadCpu(const std::string &path,
+                                             int threads) {
+  CpuOptimizerOptions opts;
+  opts.threads = threads;
+  auto o = CpuOptimizer::create(path, noEnv(), opts);
+  REQUIRE_MESSAGE(o.ok(), o.error());
+  return std::move(o.value());
+}
+#endif
 
 } // namespace flashopt::testing
 

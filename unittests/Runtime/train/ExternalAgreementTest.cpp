@@ -112,14 +112,7 @@ private:
 };
 
 std::unique_ptr<host::CpuOptimizer> load(const std::string &name) {
-  const char *b = std::getenv("FLASHOPT_BINARY_DIR");
-  std::string dir =
-      std::string(b ? b : FLASHOPT_TEST_BINARY_DIR) + "/kernels/" + name;
-  host::CpuOptimizerOptions opts;
-  opts.threads = 1;
-  auto o = host::CpuOptimizer::create(dir, noEnv(), opts);
-  REQUIRE_MESSAGE(o.ok(), o.error());
-  return std::move(o.value());
+  return testing::loadCpu(testing::builtBundle("kernels", name), 1);
 }
 
 /// Whole tensors (not multiples of the 32-element group; the last one

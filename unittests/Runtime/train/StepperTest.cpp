@@ -39,24 +39,14 @@ using train::Stepper;
 
 namespace {
 
-std::string binaryDir() {
-  const char *b = std::getenv("FLASHOPT_BINARY_DIR");
-  return b ? b : FLASHOPT_TEST_BINARY_DIR;
-}
-
 std::unique_ptr<host::CpuOptimizer> load(const std::string &dir) {
-  host::CpuOptimizerOptions opts;
-  opts.threads = 2;
-  auto o = host::CpuOptimizer::create(dir, noEnv(), opts);
-  REQUIRE_MESSAGE(o.ok(), o.error());
-  return std::move(o.value());
+  return testing::loadCpu(dir, 2);
 }
-
 std::string shipped(const std::string &name) {
-  return binaryDir() + "/kernels/" + name;
+  return testing::builtBundle("kernels", name);
 }
 std::string accumulating(const std::string &name) {
-  return binaryDir() + "/kernels-accumulate/" + name;
+  return testing::builtBundle("kernels-accumulate", name);
 }
 
 /// Tensors not a multiple of the group size, one smaller than a group.
