@@ -11,7 +11,7 @@ namespace flashopt::abi {
 
 const char *dtype_name(DType t) {
   switch (t) {
-#define FLASHOPT_DTYPE(E, name, bytes, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
   case DType::E:                                                               \
     return name;
 #include "flashopt/abi/DTypes.def"
@@ -20,18 +20,28 @@ const char *dtype_name(DType t) {
 }
 
 std::optional<DType> parse_dtype(std::string_view n) {
-#define FLASHOPT_DTYPE(E, name, bytes, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
   if (n == name)                                                               \
     return DType::E;
 #include "flashopt/abi/DTypes.def"
   return std::nullopt;
 }
 
+int dtype_bits(DType t) {
+  switch (t) {
+#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
+  case DType::E:                                                               \
+    return bits;
+#include "flashopt/abi/DTypes.def"
+  }
+  return 0;
+}
+
 int dtype_size(DType t) {
   switch (t) {
-#define FLASHOPT_DTYPE(E, name, bytes, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
   case DType::E:                                                               \
-    return bytes;
+    return bits % 8 == 0 ? bits / 8 : 0;
 #include "flashopt/abi/DTypes.def"
   }
   return 0;
@@ -39,7 +49,7 @@ int dtype_size(DType t) {
 
 const char *dtype_safetensors_name(DType t) {
   switch (t) {
-#define FLASHOPT_DTYPE(E, name, bytes, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
   case DType::E:                                                               \
     return st;
 #include "flashopt/abi/DTypes.def"
@@ -48,7 +58,7 @@ const char *dtype_safetensors_name(DType t) {
 }
 
 std::optional<DType> parse_safetensors_dtype(std::string_view n) {
-#define FLASHOPT_DTYPE(E, name, bytes, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
   if (n == st)                                                                 \
     return DType::E;
 #include "flashopt/abi/DTypes.def"

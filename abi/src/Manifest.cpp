@@ -67,9 +67,8 @@ const KernelEntry *Manifest::find_kernel(KernelKind kind,
 BytesPerParam Manifest::computed_bytes_per_param() const {
   BytesPerParam b;
   for (const BufferSpec &buf : buffers) {
-    double per = buf.per == Per::Group
-                     ? double(dtype_size(buf.dtype)) / double(group_size)
-                     : double(dtype_size(buf.dtype));
+    double bytes = double(dtype_bits(buf.dtype)) / 8.0;
+    double per = buf.per == Per::Group ? bytes / double(group_size) : bytes;
     switch (buf.role) {
     case BufferRole::Param:
       b.param += per;

@@ -136,7 +136,11 @@ typedef enum flashopt_dtype {
   FLASHOPT_F32 = 2,
   FLASHOPT_I8 = 3,
   FLASHOPT_U8 = 4,
-  FLASHOPT_I16 = 5
+  FLASHOPT_I16 = 5,
+  /** 4-bit state codes, packed two per byte, the even element in the low
+   *  nibble (signed i4, unsigned ui4); only optimizer states have them. */
+  FLASHOPT_I4 = 6,
+  FLASHOPT_U4 = 7
 } flashopt_dtype;
 
 /** "bf16", "f16", "f32", "i8", "ui8", "i16" (NULL for other values). */

@@ -36,6 +36,8 @@ struct MinifloatFormat {
   bool subnormals;
 
   int emax() const { return (1 << exponentBits) - 1; }
+  /// The width of a code: exponent, mantissa and (signed) a sign bit.
+  int codeBits() const { return exponentBits + mantissaBits + (isSigned ? 1 : 0); }
   /// The largest magnitude code.
   int32_t topCode() const { return (1 << (exponentBits + mantissaBits)) - 1; }
   /// The smallest magnitude code of a normal value (e = 1).
@@ -72,16 +74,27 @@ struct MinifloatFormat {
   }
 };
 
-/// The format of a minifloat compander ("e3m4": signed codes with
-/// subnormals; "e4m4": unsigned zero-free codes with subnormals), or nullopt
-/// for the linear companders. (The format model also covers formats without
-/// subnormals, for narrower codes.)
+/// The format of a minifloat compander, or nullopt for the linear
+/// companders. 8-bit codes: "e3m4" (signed, subnormals), "e4m4" (unsigned,
+/// zero-free, subnormals). 4-bit codes (docs/NUMERICS.md §2e): "e2m1"
+/// (signed, subnormals: ±{0, 1/8, 1/4, 3/8, 1/2, 3/4, 1, 3/2}), "e3m0"
+/// (signed, no subnormals: ±{0, 2^-6, ..., 1/2, 1}), "e3m1" (unsigned,
+/// zero-free, subnormals: {2^-8, 2^-7, 2^-6, 3·2^-7, ..., 1, 3/2}), "e4m0"
+/// (unsigned, zero-free, no subnormals: {2^-15, 2^-14, ..., 1}).
 inline std::optional<MinifloatFormat>
 minifloat_format(std::string_view compand) {
   if (compand == "e3m4")
     return MinifloatFormat{3, 4, true, true};
   if (compand == "e4m4")
     return MinifloatFormat{4, 4, false, true};
+  if (compand == "e2m1")
+    return MinifloatFormat{2, 1, true, true};
+  if (compand == "e3m0")
+    return MinifloatFormat{3, 0, true, false};
+  if (compand == "e3m1")
+    return MinifloatFormat{3, 1, false, true};
+  if (compand == "e4m0")
+    return MinifloatFormat{4, 0, false, false};
   return std::nullopt;
 }
 
