@@ -11,7 +11,7 @@ namespace flashopt::abi {
 
 const char *dtype_name(DType t) {
   switch (t) {
-#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                      \
   case DType::E:                                                               \
     return name;
 #include "flashopt/abi/DTypes.def"
@@ -20,7 +20,7 @@ const char *dtype_name(DType t) {
 }
 
 std::optional<DType> parse_dtype(std::string_view n) {
-#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                      \
   if (n == name)                                                               \
     return DType::E;
 #include "flashopt/abi/DTypes.def"
@@ -29,7 +29,7 @@ std::optional<DType> parse_dtype(std::string_view n) {
 
 int dtype_bits(DType t) {
   switch (t) {
-#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                      \
   case DType::E:                                                               \
     return bits;
 #include "flashopt/abi/DTypes.def"
@@ -39,7 +39,7 @@ int dtype_bits(DType t) {
 
 int dtype_size(DType t) {
   switch (t) {
-#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                      \
   case DType::E:                                                               \
     return bits % 8 == 0 ? bits / 8 : 0;
 #include "flashopt/abi/DTypes.def"
@@ -49,7 +49,7 @@ int dtype_size(DType t) {
 
 const char *dtype_safetensors_name(DType t) {
   switch (t) {
-#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                      \
   case DType::E:                                                               \
     return st;
 #include "flashopt/abi/DTypes.def"
@@ -58,7 +58,7 @@ const char *dtype_safetensors_name(DType t) {
 }
 
 std::optional<DType> parse_safetensors_dtype(std::string_view n) {
-#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                      \
   if (n == st)                                                                 \
     return DType::E;
 #include "flashopt/abi/DTypes.def"

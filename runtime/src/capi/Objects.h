@@ -68,7 +68,7 @@ inline bool validDtype(int d) {
 
 inline DType toHost(flashopt_dtype d) {
   switch (d) {
-#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                      \
   case FLASHOPT_##E:                                                           \
     return DType::E;
 #include "flashopt/abi/DTypes.def"
@@ -78,7 +78,7 @@ inline DType toHost(flashopt_dtype d) {
 
 inline flashopt_dtype toC(DType d) {
   switch (d) {
-#define FLASHOPT_DTYPE(E, name, bits, st)                                     \
+#define FLASHOPT_DTYPE(E, name, bits, st)                                      \
   case DType::E:                                                               \
     return FLASHOPT_##E;
 #include "flashopt/abi/DTypes.def"

@@ -37,7 +37,9 @@ struct MinifloatFormat {
 
   int emax() const { return (1 << exponentBits) - 1; }
   /// The width of a code: exponent, mantissa and (signed) a sign bit.
-  int codeBits() const { return exponentBits + mantissaBits + (isSigned ? 1 : 0); }
+  int codeBits() const {
+    return exponentBits + mantissaBits + (isSigned ? 1 : 0);
+  }
   /// The largest magnitude code.
   int32_t topCode() const { return (1 << (exponentBits + mantissaBits)) - 1; }
   /// The smallest magnitude code of a normal value (e = 1).
