@@ -56,11 +56,11 @@ struct GroupBodyEnv {
   /// this plus `elementIndex` plus the lane.
   Value elementOffset;
   /// Or, instead of elementOffset, the record-uniform part of the dither's
-  /// hash: element offset * A + step * B in 32-bit arithmetic (i32, A and
-  /// B DitherOp's multipliers), computed once per record for the dithers
-  /// whose step operand is `ditherStep`.
-  Value ditherBase;
-  Value ditherStep;
+  /// hash for each step operand the dithers use (one per dither stream,
+  /// docs/NUMERICS.md §2e): {step, element offset * A + H(step) << 18} in
+  /// 32-bit arithmetic (i32, A DitherOp's multiplier), computed once per
+  /// record.
+  SmallVector<std::pair<Value, Value>, 2> ditherBases;
   /// Tensor-local group index (index type).
   Value groupIndex;
   /// Number of elements of the tensor (index type).

@@ -242,17 +242,17 @@ private:
   /// scalars), when they are carried (carryPrologue): computed once per
   /// table record and lane, not once per group. With carried prologue
   /// values, the record-uniform part of the dither (docs/NUMERICS.md §8),
-  /// element offset * A + H(step), is carried too: computed once per
-  /// record, it leaves one multiply-add per worker in place of the offset's
-  /// load and the step's hash.
+  /// element offset * A + H(step), is carried too, one per step operand
+  /// (dither stream, §2e): computed once per record, it leaves one
+  /// multiply-add per worker in place of the offset's load and the step's
+  /// hash.
   void chooseCarried() {
     carry = carryPrologue(kernel);
     if (carry && usesElementOffset(kernel)) {
       carryDither = true;
       getGroupBody(kernel).walk([&](DitherOp d) {
-        if (ditherStep && ditherStep != d.getStep())
-          carryDither = false;
-        ditherStep = d.getStep();
+        if (!llvm::is_contained(ditherSteps, d.getStep()))
+          ditherSteps.push_back(d.getStep());
       });
     }
     if (carry) {
@@ -298,8 +298,9 @@ private:
         init.push_back(arith::ConstantOp::create(fb, loc, v.getType(),
                                                  fb.getZeroAttr(v.getType())));
       if (carryDither)
-        init.push_back(arith::ConstantOp::create(fb, loc, fb.getI32Type(),
-                                                 fb.getI32IntegerAttr(0)));
+        for (size_t i = 0; i < ditherSteps.size(); ++i)
+          init.push_back(arith::ConstantOp::create(
+              fb, loc, fb.getI32Type(), fb.getI32IntegerAttr(0)));
     }
     loop = scf::ForOp::create(fb, loc, start, endIdx, stride, init);
     lb = OpBuilder::atBlockBegin(loop.getBody());
@@ -395,14 +396,16 @@ private:
       };
       Value offset = arith::TruncIOp::create(
           tb, loc, i32, word(::flashopt::abi::kRecordElementOffset));
-      Value stepI32 = arith::TruncIOp::create(
-          tb, loc, i32, mapping.lookupOrDefault(ditherStep));
-      Value stepWord = DitherOp::emitStepWord(tb, loc, stepI32);
-      results.push_back(arith::AddIOp::create(
-          tb, loc,
-          arith::MulIOp::create(tb, loc, offset,
-                                c32(DitherOp::kElementMultiplier)),
-          stepWord));
+      SmallVector<Value, 2> stepWords;
+      for (Value ditherStep : ditherSteps) {
+        Value stepI32 = arith::TruncIOp::create(
+            tb, loc, i32, mapping.lookupOrDefault(ditherStep));
+        stepWords.push_back(DitherOp::emitStepWord(tb, loc, stepI32));
+      }
+      Value offsetTerm = arith::MulIOp::create(
+          tb, loc, offset, c32(DitherOp::kElementMultiplier));
+      for (Value stepWord : stepWords)
+        results.push_back(arith::AddIOp::create(tb, loc, offsetTerm, stepWord));
     }
     scf::YieldOp::create(tb, loc, results);
   }
@@ -442,8 +445,9 @@ private:
     };
     env.numElements = numel;
     if (carryDither) {
-      env.ditherBase = lookup.getResults().back();
-      env.ditherStep = ditherStep;
+      size_t firstBase = lookup.getNumResults() - ditherSteps.size();
+      for (auto [i, step] : llvm::enumerate(ditherSteps))
+        env.ditherBases.push_back({step, lookup.getResult(firstBase + i)});
     } else if (usesElementOffset(kernel))
       env.elementOffset = loadI64(
           lb, loc, table,
@@ -486,7 +490,8 @@ private:
   Value segment, laneInGroup, stride, endIdx, ntIdx, start, isLeader;
   // chooseCarried
   bool carry = false, carryDither = false;
-  Value ditherStep;
+  /// The step operands of the group body's dithers, one per dither stream.
+  SmallVector<Value, 2> ditherSteps;
   SmallVector<Value> prologueValues;
   // beginGridStrideLoop
   scf::ForOp loop;

@@ -246,12 +246,16 @@ private:
   /// [offset, offset + n). It is recomputed at every use rather than kept
   /// live across the body: on the GPU a live vector of predicates costs
   /// registers.
-  Value laneMask(OpBuilder &ob, Location loc, int64_t offset, int64_t n) {
+  /// With a `stride`, lane i stands for element offset + i·stride (the
+  /// bytes of a packed buffer: each holds elements 2i and 2i + 1, and is
+  /// valid with its even element, since the valid lanes are a prefix).
+  Value laneMask(OpBuilder &ob, Location loc, int64_t offset, int64_t n,
+                 int64_t stride = 1) {
     // Index arithmetic (32-bit on the GPU, 64-bit on the host).
     Type idx = ob.getIndexType();
     SmallVector<int64_t> iota(n);
     for (int64_t i = 0; i < n; ++i)
-      iota[i] = offset + i;
+      iota[i] = offset + i * stride;
     Value lanes = arith::ConstantOp::create(
         ob, loc,
         DenseElementsAttr::get(
@@ -305,8 +309,152 @@ private:
     return env.baseAddress(ob, loc, buffer);
   }
 
+  /// Whether `buffer` holds packed 4-bit codes (i4, ui4; two per byte, the
+  /// even element in the low nibble: docs/KERNEL-ABI.md).
+  bool isPacked(int64_t buffer) {
+    return kernel.getBuffer(buffer).getElementType().getIntOrFloatBitWidth() ==
+           4;
+  }
+
+  /// The byte index of this worker's first element of a packed buffer: the
+  /// element index over 2 (W is even and every worker starts at a multiple
+  /// of W, so no byte has two writers).
+  Value packedIndex(Location loc) {
+    assert(env.width % 2 == 0 && "packed codes need an even width");
+    return arith::ShRUIOp::create(b, loc, env.elementIndex,
+                                  arith::ConstantIndexOp::create(b, loc, 1));
+  }
+
+  /// An i8 vector of `n` copies of `v`.
+  Value splatI8(Location loc, int64_t n, int64_t v) {
+    return arith::ConstantOp::create(
+        b, loc,
+        DenseElementsAttr::get(vecOf(b.getI8Type(), n),
+                               b.getIntegerAttr(b.getI8Type(), v)));
+  }
+
+  /// A full-width load of this worker's elements of a packed 4-bit buffer:
+  /// W/2 bytes, each split into its low (even element) and high nibble,
+  /// sign-extended for i4 codes and zero-extended for ui4 ones, interleaved
+  /// into W i8 lanes.
+  Value loadPacked(Location loc, int64_t buffer) {
+    int64_t n = env.width / 2;
+    bool isSigned =
+        kernel.getBuffer(buffer).getElementType().isSignlessInteger();
+    VectorType bt = vecOf(b.getI8Type(), n);
+    int64_t align = alignmentFor(b.getI8Type(), n);
+    Value index = packedIndex(loc);
+    auto plain = [&](OpBuilder &ob, Location l) -> Value {
+      return RawLoadOp::create(ob, l, bt, base(ob, l, buffer), index, Value(),
+                               align);
+    };
+    auto masked = [&](OpBuilder &ob, Location l) -> Value {
+      return RawLoadOp::create(ob, l, bt, base(ob, l, buffer), index,
+                               laneMask(ob, l, 0, n, 2), 1);
+    };
+    Value bytes;
+    switch (env.predication) {
+    case Predication::None:
+      bytes = plain(b, loc);
+      break;
+    case Predication::Masked:
+      bytes = masked(b, loc);
+      break;
+    case Predication::PerAccess:
+      bytes = scf::IfOp::create(
+                  b, loc, allValid,
+                  [&](OpBuilder &tb, Location l) {
+                    scf::YieldOp::create(tb, l, plain(tb, l));
+                  },
+                  [&](OpBuilder &eb, Location l) {
+                    scf::YieldOp::create(eb, l, masked(eb, l));
+                  })
+                  .getResult(0);
+      break;
+    }
+    Value four = splatI8(loc, n, 4);
+    Value lo, hi;
+    if (isSigned) {
+      lo = arith::ShRSIOp::create(
+          b, loc, arith::ShLIOp::create(b, loc, bytes, four), four);
+      hi = arith::ShRSIOp::create(b, loc, bytes, four);
+    } else {
+      lo = arith::AndIOp::create(b, loc, bytes, splatI8(loc, n, 15));
+      hi = arith::ShRUIOp::create(b, loc, bytes, four);
+    }
+    SmallVector<int64_t> order;
+    for (int64_t i = 0; i < n; ++i) {
+      order.push_back(i);
+      order.push_back(n + i);
+    }
+    return vector::ShuffleOp::create(b, loc, lo, hi, order);
+  }
+
+  /// A full-width store of this worker's elements to a packed 4-bit buffer:
+  /// lanes 2j in the low and 2j + 1 in the high nibble of byte j, the low 4
+  /// bits of each. Lanes past the end store 0, so the pad nibble of an
+  /// odd-length tensor is always 0 (identical bytes on every back end).
+  void storePacked(Location loc, int64_t buffer, Value v) {
+    int64_t n = env.width / 2;
+    Value index = packedIndex(loc);
+    int64_t align = alignmentFor(b.getI8Type(), n);
+    auto pack = [&](OpBuilder &ob, Location l, Value x) -> Value {
+      SmallVector<int64_t> even, odd;
+      for (int64_t i = 0; i < n; ++i) {
+        even.push_back(2 * i);
+        odd.push_back(2 * i + 1);
+      }
+      Value e = vector::ShuffleOp::create(ob, l, x, x, even);
+      Value o = vector::ShuffleOp::create(ob, l, x, x, odd);
+      auto splat = [&](int64_t c) {
+        return arith::ConstantOp::create(
+            ob, l,
+            DenseElementsAttr::get(vecOf(ob.getI8Type(), n),
+                                   ob.getIntegerAttr(ob.getI8Type(), c)));
+      };
+      return arith::OrIOp::create(
+          ob, l, arith::AndIOp::create(ob, l, e, splat(15)),
+          arith::ShLIOp::create(ob, l, o, splat(4)));
+    };
+    auto plain = [&](OpBuilder &ob, Location l) {
+      RawStoreOp::create(ob, l, pack(ob, l, v), base(ob, l, buffer), index,
+                         Value(), align);
+    };
+    auto masked = [&](OpBuilder &ob, Location l) {
+      Value zero = arith::ConstantOp::create(
+          ob, l,
+          DenseElementsAttr::get(vecOf(ob.getI8Type()),
+                                 ob.getIntegerAttr(ob.getI8Type(), 0)));
+      Value kept = arith::SelectOp::create(ob, l, laneMask(ob, l), v, zero);
+      RawStoreOp::create(ob, l, pack(ob, l, kept), base(ob, l, buffer), index,
+                         laneMask(ob, l, 0, n, 2), 1);
+    };
+    switch (env.predication) {
+    case Predication::None:
+      plain(b, loc);
+      return;
+    case Predication::Masked:
+      masked(b, loc);
+      return;
+    case Predication::PerAccess:
+      scf::IfOp::create(
+          b, loc, allValid,
+          [&](OpBuilder &tb, Location l) {
+            plain(tb, l);
+            scf::YieldOp::create(tb, l);
+          },
+          [&](OpBuilder &eb, Location l) {
+            masked(eb, l);
+            scf::YieldOp::create(eb, l);
+          });
+      return;
+    }
+  }
+
   /// A full-width load of this worker's elements of `buffer`.
   Value loadElements(Location loc, int64_t buffer, Type t) {
+    if (isPacked(buffer))
+      return loadPacked(loc, buffer);
     VectorType vt = vecOf(t);
     int64_t align = alignmentFor(t, env.width);
     int64_t elemAlign = alignmentFor(t, 1);
@@ -338,6 +486,8 @@ private:
   }
 
   void storeElements(Location loc, int64_t buffer, Value v) {
+    if (isPacked(buffer))
+      return storePacked(loc, buffer, v);
     Type t = cast<VectorType>(v.getType()).getElementType();
     int64_t align = alignmentFor(t, env.width);
     int64_t elemAlign = alignmentFor(t, 1);

@@ -206,12 +206,17 @@ void GroupBodyEmitter::emitDither(DitherOp op) {
   };
   Value first = arith::IndexCastUIOp::create(b, loc, i32, env.elementIndex);
   Value h0;
-  if (env.ditherBase) {
-    assert(env.ditherStep == op.getStep() && "a dither of another step");
+  Value ditherBase;
+  for (auto [step, base] : env.ditherBases)
+    if (step == op.getStep())
+      ditherBase = base;
+  assert((ditherBase || env.ditherBases.empty()) &&
+         "a dither of a step without a carried base");
+  if (ditherBase) {
     h0 = arith::AddIOp::create(
         b, loc,
         arith::MulIOp::create(b, loc, first, c32(DitherOp::kElementMultiplier)),
-        env.ditherBase);
+        ditherBase);
   } else {
     if (env.elementOffset)
       first = arith::AddIOp::create(

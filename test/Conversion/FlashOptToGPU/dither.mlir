@@ -67,3 +67,31 @@ flashopt.kernel @recomputed group_size(32) buffers([#flashopt.buffer<"param", f3
     flashopt.store_element 0, %s : f32
   }
 }
+
+// -----
+
+// Dithers of two step operands (4-bit states' streams, docs/NUMERICS.md
+// §2e: t and t + 0x9E3779B9): one carried record-uniform part per stream,
+// each from its own hash of its step.
+// CHECK-LABEL: gpu.func @streams(
+// CHECK: scf.for {{.*}} -> (index, index, index, index, f32, i32, i32)
+// CHECK: %[[T1:.*]] = arith.addi %{{.*}}, %{{.*}}2654435769{{.*}} : i64
+// CHECK: arith.muli %{{.*}}, %{{.*}}1935289751{{.*}} : i32
+// CHECK: arith.muli %{{.*}}, %{{.*}}1935289751{{.*}} : i32
+// CHECK: scf.yield {{.*}} : index, index, index, index, f32, i32, i32
+flashopt.kernel @streams group_size(32) buffers([#flashopt.buffer<"param", f32, element, readwrite>]) hypers(["beta"]) {
+  %t = flashopt.step_count : i64
+  %c = arith.constant 2654435769 : i64
+  %t1 = arith.addi %t, %c : i64
+  %beta = flashopt.hyper "beta" : f32
+  %bt = flashopt.powi %beta, %t : f32, i64
+  flashopt.group_body {
+    %p = flashopt.load_element 0 : f32
+    %u = flashopt.dither %t {offset = 0.0 : f32} : f32
+    %v = flashopt.dither %t1 {offset = 0.0 : f32} : f32
+    %q = arith.mulf %p, %bt : f32
+    %s = arith.addf %q, %u : f32
+    %w = arith.addf %s, %v : f32
+    flashopt.store_element 0, %w : f32
+  }
+}

@@ -28,7 +28,7 @@ flashopt.optimizer @a param(#flashopt.master<f32, correction = i8>) grad(f32) {
 // -----
 
 flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
-  // expected-error @+1 {{quantized storage must be i8 or ui8, got i16}}
+  // expected-error @+1 {{quantized storage must be i8, ui8, i4 or ui4, got i16}}
   flashopt.state "m" : #flashopt.quant<i16, group = 32, compand = none, scale = f16>
   flashopt.update(%theta: f32, %g: f32, %m: f32) {
     flashopt.yield %theta, %m : f32, f32
@@ -98,6 +98,48 @@ flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
 
 // -----
 
+// 4-bit codes (docs/NUMERICS.md §2e): a 4-bit minifloat needs 4-bit storage,
+// an 8-bit compander 8-bit storage, and the signedness follows the format.
+flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
+  // expected-error @+1 {{e2m1 compander needs signed (i4) storage, got i8}}
+  flashopt.state "m" : #flashopt.quant<i8, group = 32, compand = e2m1, scale = bf16>
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    flashopt.yield %theta, %m : f32, f32
+  }
+}
+
+// -----
+
+flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
+  // expected-error @+1 {{e3m1 compander needs unsigned (ui4) storage, got i4}}
+  flashopt.state "v" : #flashopt.quant<i4, group = 32, compand = e3m1, scale = bf16>
+  flashopt.update(%theta: f32, %g: f32, %v: f32) {
+    flashopt.yield %theta, %v : f32, f32
+  }
+}
+
+// -----
+
+flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
+  // expected-error @+1 {{softsign compander needs signed (i8) storage, got i4}}
+  flashopt.state "m" : #flashopt.quant<i4, group = 32, compand = softsign, scale = f16>
+  flashopt.update(%theta: f32, %g: f32, %m: f32) {
+    flashopt.yield %theta, %m : f32, f32
+  }
+}
+
+// -----
+
+flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
+  // expected-error @+1 {{e4m4 compander needs unsigned (ui8) storage, got ui4}}
+  flashopt.state "v" : #flashopt.quant<ui4, group = 32, compand = e4m4, scale = bf16>
+  flashopt.update(%theta: f32, %g: f32, %v: f32) {
+    flashopt.yield %theta, %v : f32, f32
+  }
+}
+
+// -----
+
 // e4m4 is 8 bits of a non-negative state.
 flashopt.optimizer @a param(#flashopt.master<bf16>) grad(bf16) {
   // expected-error @+1 {{e4m4 compander needs unsigned (ui8) storage}}
@@ -148,7 +190,7 @@ flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"", f32, element, re
 
 // -----
 
-// expected-error @+1 {{buffer element type must be one of bf16, f16, f32, i8, ui8, i16, got f64}}
+// expected-error @+1 {{buffer element type must be one of bf16, f16, f32, i8, ui8, i16, i4, ui4, got f64}}
 flashopt.kernel @k group_size(32) buffers([#flashopt.buffer<"p", f64, element, readwrite>]) hypers([]) {
   flashopt.group_body {
   }

@@ -58,6 +58,14 @@ static const CompanderInfo kCompanders[] = {
      /*nonNegative=*/false, /*minifloat=*/true},
     {Compander::e4m4, false, nullptr, nullptr, nullptr, nullptr,
      /*nonNegative=*/false, /*minifloat=*/true},
+    {Compander::e2m1, true, nullptr, nullptr, nullptr, nullptr,
+     /*nonNegative=*/false, /*minifloat=*/true},
+    {Compander::e3m0, true, nullptr, nullptr, nullptr, nullptr,
+     /*nonNegative=*/false, /*minifloat=*/true},
+    {Compander::e3m1, false, nullptr, nullptr, nullptr, nullptr,
+     /*nonNegative=*/false, /*minifloat=*/true},
+    {Compander::e4m0, false, nullptr, nullptr, nullptr, nullptr,
+     /*nonNegative=*/false, /*minifloat=*/true},
 };
 
 const CompanderInfo &mlir::flashopt::getCompanderInfo(Compander compander) {

@@ -70,6 +70,10 @@ std::optional<::flashopt::abi::DType> mlir::flashopt::storageDType(Type t) {
     return DType::U8;
   if (isSignlessInt(t, 16))
     return DType::I16;
+  if (isSignlessInt(t, 4))
+    return DType::I4;
+  if (isUnsignedInt(t, 4))
+    return DType::U4;
   return std::nullopt;
 }
 
@@ -89,6 +93,10 @@ Type mlir::flashopt::storageType(MLIRContext *ctx, ::flashopt::abi::DType d) {
     return IntegerType::get(ctx, 8, IntegerType::Unsigned);
   case DType::I16:
     return b.getIntegerType(16);
+  case DType::I4:
+    return b.getIntegerType(4);
+  case DType::U4:
+    return IntegerType::get(ctx, 4, IntegerType::Unsigned);
   }
   return nullptr;
 }
@@ -105,8 +113,11 @@ Type mlir::flashopt::parseStorageTypeName(MLIRContext *ctx,
   return d ? storageType(ctx, *d) : nullptr;
 }
 
-int64_t mlir::flashopt::storageTypeBytes(Type t) {
-  return (t.getIntOrFloatBitWidth() + 7) / 8;
+Type mlir::flashopt::accessType(Type t) {
+  if (auto it = dyn_cast<IntegerType>(t))
+    if (!it.isSignless() || it.getWidth() < 8)
+      return IntegerType::get(t.getContext(), std::max(8u, it.getWidth()));
+  return t;
 }
 
 static std::string typeString(Type t) {
@@ -143,13 +154,15 @@ MasterAttr::verify(function_ref<InFlightDiagnostic()> emitError, Type paramType,
 // QuantAttr
 //===----------------------------------------------------------------------===//
 
-bool QuantAttr::isSigned() const { return getStorage().isSignlessInteger(8); }
+bool QuantAttr::isSigned() const { return getStorage().isSignlessInteger(); }
 
 LogicalResult QuantAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                 Type storage, int64_t group, Compander compand,
                                 Type scale) {
-  if (!isSignlessInt(storage, 8) && !isUnsignedInt(storage, 8))
-    return emitError() << "quantized storage must be i8 or ui8, got "
+  bool is8 = isSignlessInt(storage, 8) || isUnsignedInt(storage, 8);
+  bool is4 = isSignlessInt(storage, 4) || isUnsignedInt(storage, 4);
+  if (!is8 && !is4)
+    return emitError() << "quantized storage must be i8, ui8, i4 or ui4, got "
                        << typeString(storage);
   if (group < 16 || group > 128 || !llvm::isPowerOf2_64(group))
     return emitError() << "group size must be a power of two in [16, 128], got "
@@ -157,11 +170,20 @@ LogicalResult QuantAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (!isStorageFloatType(scale))
     return emitError() << "scale type must be f16, bf16 or f32, got "
                        << typeString(scale);
-  if (std::optional<bool> needsSigned = getCompanderInfo(compand).signedCodes)
-    if (*needsSigned != isSignlessInt(storage, 8))
-      return emitError() << stringifyCompander(compand) << " compander needs "
-                         << (*needsSigned ? "signed (i8)" : "unsigned (ui8)")
-                         << " storage";
+  // A code's width is its storage's: the 4-bit minifloats in i4/ui4, every
+  // other compander in i8/ui8; and its signedness the compander's.
+  std::optional<::flashopt::abi::MinifloatFormat> fmt =
+      ::flashopt::abi::minifloat_format(stringifyCompander(compand));
+  unsigned bits = fmt ? unsigned(fmt->codeBits()) : 8u;
+  bool signedStorage = storage.isSignlessInteger();
+  std::optional<bool> needsSigned = getCompanderInfo(compand).signedCodes;
+  if (bits != storage.getIntOrFloatBitWidth() ||
+      (needsSigned && *needsSigned != signedStorage)) {
+    bool s = needsSigned.value_or(signedStorage);
+    return emitError() << stringifyCompander(compand) << " compander needs "
+                       << (s ? "signed (i" : "unsigned (ui") << bits
+                       << ") storage, got " << typeString(storage);
+  }
   return success();
 }
 
@@ -188,7 +210,7 @@ LogicalResult BufferAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     return emitError() << "buffer name must not be empty";
   if (storageTypeName(elementType).empty())
     return emitError() << "buffer element type must be one of bf16, f16, f32, "
-                          "i8, ui8, i16, got "
+                          "i8, ui8, i16, i4, ui4, got "
                        << typeString(elementType);
   return success();
 }

@@ -43,10 +43,9 @@ static LogicalResult verifyBufferAccess(Operation *op, int64_t index, Type type,
            << "buffer \"" << buffer.getName() << "\" holds one value per "
            << stringifyBufferRate(buffer.getRate()) << ", not per "
            << stringifyBufferRate(rate);
-  // arith works on signless integers: ui8 buffers are accessed as i8.
-  Type expected = buffer.getElementType();
-  if (auto it = dyn_cast<IntegerType>(expected))
-    expected = IntegerType::get(it.getContext(), it.getWidth());
+  // arith works on signless integers of at least 8 bits: ui8 buffers are
+  // accessed as i8, the packed 4-bit codes (i4, ui4) as i8 too.
+  Type expected = accessType(buffer.getElementType());
   if (expected != type)
     return op->emitOpError() << "type " << type << " does not match buffer \""
                              << buffer.getName() << "\" (accessed as "

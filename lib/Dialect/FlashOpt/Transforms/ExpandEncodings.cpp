@@ -89,15 +89,6 @@ BufferPlan planBuffers(OptimizerOp op) {
   return plan;
 }
 
-/// The type a kernel loads and stores for a buffer type: arith works on
-/// signless integers, so ui8 codes are accessed as i8.
-Type accessType(Type t) {
-  if (auto it = dyn_cast<IntegerType>(t))
-    if (!it.isSignless())
-      return IntegerType::get(t.getContext(), it.getWidth());
-  return t;
-}
-
 /// Every float a kernel stores is made canonical when it is a NaN: all
 /// ones but the sign (0x7FFFFFFF for f32, 0x7FFF for bf16 and f16), the NaN
 /// NVIDIA GPUs produce. Both back ends then store the same bits for every
@@ -405,10 +396,16 @@ private:
     int32_t quantized = 0;
     for (auto [i, state] : llvm::enumerate(states)) {
       int32_t phase = 0;
-      if (isa<QuantAttr>(state.getEncoding()))
-        phase = (quantized++ * DitherOp::kStatePhase) & 0x3FFF;
+      Value stateStep = step;
+      if (auto quant = dyn_cast<QuantAttr>(state.getEncoding())) {
+        int32_t k = quantized++;
+        if (quant.getCodeBits() == 4)
+          stateStep = streamStep(step, k);
+        else
+          phase = (k * DitherOp::kStatePhase) & 0x3FFF;
+      }
       SmallVector<Value> stored = state.getEncoding().emitEncode(
-          gb, loc, results[i + 1], step, phase);
+          gb, loc, results[i + 1], stateStep, phase);
       ArrayRef<int64_t> buffers = plan.states[i];
       assert(stored.size() == buffers.size() &&
              "an encoding stores one value per buffer");
@@ -443,6 +440,30 @@ private:
     OpBuilder sb = OpBuilder::atBlockBegin(kernelBlock);
     return StepCountOp::create(sb, loc, sb.getI64Type()).getResult();
   }
+
+  /// The step operand of the k-th quantized state's dither when its codes
+  /// are 4-bit (docs/NUMERICS.md §2e): an independent stream, the hash of
+  /// t + k·0x9E3779B9 (mod 2^32) at phase 0, where 8-bit codes share
+  /// H(t) at phases k·kStatePhase apart; a 4-bit decision is 1/8 to 1/16 of
+  /// the scale, and a shared hash correlates one element's states at fixed
+  /// fractions. Made once per k in the kernel's prologue, after the step
+  /// count.
+  Value streamStep(Value step, int32_t k) {
+    if (!step || k == 0)
+      return step;
+    Value &made = streamSteps[k];
+    if (!made) {
+      OpBuilder sb(step.getContext());
+      sb.setInsertionPointAfterValue(step);
+      Value c = arith::ConstantOp::create(
+          sb, loc, sb.getI64IntegerAttr(int64_t(k) * kStreamMultiplier));
+      made = arith::AddIOp::create(sb, loc, step, c);
+    }
+    return made;
+  }
+  /// The golden ratio's 32-bit multiplier, between dither streams.
+  static constexpr int64_t kStreamMultiplier = 0x9E3779B9;
+  llvm::DenseMap<int32_t, Value> streamSteps;
 
   OptimizerOp op;
   KernelKind kind;

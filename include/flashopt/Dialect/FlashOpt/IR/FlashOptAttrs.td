@@ -21,10 +21,16 @@ def FlashOpt_CompanderSoftsign : I32EnumAttrCase<"softsign", 1>;
 def FlashOpt_CompanderSqrt : I32EnumAttrCase<"sqrt", 2>;
 def FlashOpt_CompanderE3M4 : I32EnumAttrCase<"e3m4", 3>;
 def FlashOpt_CompanderE4M4 : I32EnumAttrCase<"e4m4", 4>;
+def FlashOpt_CompanderE2M1 : I32EnumAttrCase<"e2m1", 5>;
+def FlashOpt_CompanderE3M0 : I32EnumAttrCase<"e3m0", 6>;
+def FlashOpt_CompanderE3M1 : I32EnumAttrCase<"e3m1", 7>;
+def FlashOpt_CompanderE4M0 : I32EnumAttrCase<"e4m0", 8>;
 def FlashOpt_Compander : I32EnumAttr<"Compander",
-    "companding function applied before 8-bit quantization",
+    "companding function or code format of a quantized state",
     [FlashOpt_CompanderNone, FlashOpt_CompanderSoftsign, FlashOpt_CompanderSqrt,
-     FlashOpt_CompanderE3M4, FlashOpt_CompanderE4M4]> {
+     FlashOpt_CompanderE3M4, FlashOpt_CompanderE4M4, FlashOpt_CompanderE2M1,
+     FlashOpt_CompanderE3M0, FlashOpt_CompanderE3M1,
+     FlashOpt_CompanderE4M0]> {
   let cppNamespace = "::mlir::flashopt";
   let genSpecializedAttr = 0;
 }
@@ -147,7 +153,7 @@ class FlashOpt_StateEncoding<string name, string attrMnemonic,
 
 def FlashOpt_QuantAttr
     : FlashOpt_StateEncoding<"Quant", "quant", ["getGroupSize"]> {
-  let summary = "An 8-bit companded state with one scale per group";
+  let summary = "An 8- or 4-bit companded state with one scale per group";
   let description = [{
     Codes in `i8` (signed, 127 levels each side) or `ui8` (unsigned, 255
     levels), one scale per group of `group` elements (a power of two in
@@ -161,11 +167,18 @@ def FlashOpt_QuantAttr
     (unsigned only, zero-free: code 0 decodes as half the smallest
     subnormal) (docs/NUMERICS.md §2d, the bounded numerics' codebooks).
 
+    4-bit codes (docs/NUMERICS.md §2e) are `i4` or `ui4`, packed two per
+    byte in memory (docs/KERNEL-ABI.md), and take a 4-bit minifloat: `e2m1`
+    or `e3m0` (signed, `i4`), `e3m1` or `e4m0` (unsigned, zero-free, `ui4`);
+    an 8-bit code takes one of the companders above, never a 4-bit format.
+
     ```mlir
     #flashopt.quant<i8, group = 32, compand = softsign, scale = f16>
     #flashopt.quant<ui8, group = 32, compand = sqrt, scale = f16>
     #flashopt.quant<i8, group = 32, compand = e3m4, scale = bf16>
     #flashopt.quant<ui8, group = 32, compand = e4m4, scale = bf16>
+    #flashopt.quant<i4, group = 32, compand = e2m1, scale = bf16>
+    #flashopt.quant<ui4, group = 32, compand = e3m1, scale = bf16>
     ```
   }];
   let parameters = (ins "::mlir::Type":$storage, "int64_t":$group,
@@ -177,11 +190,15 @@ def FlashOpt_QuantAttr
   }];
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{
-    /// Whether the codes are signed (i8).
+    /// Whether the codes are signed (i8, i4).
     bool isSigned() const;
-    /// The largest code magnitude: 127 (i8) or 255 (ui8).
+    /// The width of a code: 8 or 4.
+    unsigned getCodeBits() const { return getStorage().getIntOrFloatBitWidth(); }
+    /// The largest code magnitude of the linear companders (8-bit codes
+    /// only): 127 (i8) or 255 (ui8).
     int64_t getMaxCode() const { return isSigned() ? 127 : 255; }
-    /// The format of a minifloat compander (e3m4, e4m4).
+    /// The format of a minifloat compander (e3m4, e4m4, e2m1, e3m0, e3m1,
+    /// e4m0).
     ::flashopt::abi::MinifloatFormat getMinifloatFormat() const;
     /// The minifloat decode and encode (docs/NUMERICS.md §2d).
     ::mlir::Value emitMinifloatDecode(::mlir::OpBuilder &b,

@@ -43,15 +43,20 @@ std::optional<::flashopt::abi::DType> storageDType(Type t);
 Type storageType(MLIRContext *ctx, ::flashopt::abi::DType d);
 
 /// The short name flashopt uses for a storage type in specs and manifests
-/// (the ABI's dtype names: "bf16", "f16", "f32", "i8", "ui8", "i16"), or ""
+/// (the ABI's dtype names: "bf16", "f16", "f32", "i8", "ui8", "i16", "i4",
+/// "ui4"), or ""
 /// for anything else.
 std::string storageTypeName(Type t);
 
 /// Parses a storage type name ("bf16", ..., "ui8"); null on failure.
 Type parseStorageTypeName(MLIRContext *ctx, llvm::StringRef name);
 
-/// Size in bytes of a storage type (1, 2 or 4).
-int64_t storageTypeBytes(Type t);
+/// The type a kernel loads and stores for a buffer of storage type `t`:
+/// arith works on signless integers of at least 8 bits, so ui8 codes are
+/// accessed as i8, and the packed 4-bit codes as i8 too: an i4 code
+/// sign-extended (-8..7), a ui4 one zero-extended (0..15); a store keeps
+/// the low 4 bits (docs/KERNEL-ABI.md, packed buffers).
+Type accessType(Type t);
 
 } // namespace mlir::flashopt
 
