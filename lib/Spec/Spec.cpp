@@ -65,7 +65,8 @@ constexpr std::pair<Correction, AbiDType> kCorrections[] = {
 constexpr std::pair<Storage, AbiDType> kStorages[] = {
     {Storage::I8, AbiDType::I8},     {Storage::UI8, AbiDType::U8},
     {Storage::F32, AbiDType::F32},   {Storage::BF16, AbiDType::BF16},
-    {Storage::F16, AbiDType::F16}};
+    {Storage::F16, AbiDType::F16},   {Storage::I4, AbiDType::I4},
+    {Storage::UI4, AbiDType::U4}};
 
 template <typename E, size_t N>
 const char *spellingIn(const std::pair<E, AbiDType> (&table)[N], E v) {
@@ -105,6 +106,14 @@ const char *spelling(Compand v) noexcept {
     return "e3m4";
   case Compand::E4M4:
     return "e4m4";
+  case Compand::E2M1:
+    return "e2m1";
+  case Compand::E3M0:
+    return "e3m0";
+  case Compand::E3M1:
+    return "e3m1";
+  case Compand::E4M0:
+    return "e4m0";
   }
   return "?";
 }
@@ -158,11 +167,54 @@ std::optional<Compand> parseCompand(std::string_view s) noexcept {
     return Compand::E3M4;
   if (s == "e4m4")
     return Compand::E4M4;
+  if (s == "e2m1")
+    return Compand::E2M1;
+  if (s == "e3m0")
+    return Compand::E3M0;
+  if (s == "e3m1")
+    return Compand::E3M1;
+  if (s == "e4m0")
+    return Compand::E4M0;
   return std::nullopt;
 }
 
-bool isQuantized(Storage s) noexcept {
-  return s == Storage::I8 || s == Storage::UI8;
+bool isQuantized(Storage s) noexcept { return codeBits(s) != 0; }
+
+unsigned codeBits(Storage s) noexcept {
+  switch (s) {
+  case Storage::I8:
+  case Storage::UI8:
+    return 8;
+  case Storage::I4:
+  case Storage::UI4:
+    return 4;
+  default:
+    return 0;
+  }
+}
+
+bool isSignedCodes(Storage s) noexcept {
+  return s == Storage::I8 || s == Storage::I4;
+}
+
+std::optional<Storage> storageFor(Compand c) noexcept {
+  switch (c) {
+  case Compand::Softsign:
+  case Compand::E3M4:
+    return Storage::I8;
+  case Compand::Sqrt:
+  case Compand::E4M4:
+    return Storage::UI8;
+  case Compand::E2M1:
+  case Compand::E3M0:
+    return Storage::I4;
+  case Compand::E3M1:
+  case Compand::E4M0:
+    return Storage::UI4;
+  case Compand::None:
+    return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 bool isPlain(Storage s) noexcept {
@@ -187,6 +239,10 @@ Compand defaultCompand(Storage s) noexcept {
     return Compand::Softsign;
   if (s == Storage::UI8)
     return Compand::Sqrt;
+  if (s == Storage::I4)
+    return Compand::E2M1;
+  if (s == Storage::UI4)
+    return Compand::E3M1;
   return Compand::None;
 }
 

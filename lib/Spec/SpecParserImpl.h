@@ -58,10 +58,10 @@ inline const std::vector<std::string> kEncodingKeys = {"storage", "group", "comp
                                                 "scale"};
 inline const std::vector<std::string> kDTypes = {"bf16", "f16", "f32"};
 inline const std::vector<std::string> kCorrections = {"none", "i8", "i16"};
-inline const std::vector<std::string> kStorages = {"i8",   "ui8", "f32",
-                                            "bf16", "f16", "none"};
-inline const std::vector<std::string> kCompanders = {"none", "softsign", "sqrt",
-                                                     "e3m4", "e4m4"};
+inline const std::vector<std::string> kStorages = {
+    "i8", "ui8", "i4", "ui4", "f32", "bf16", "f16", "none"};
+inline const std::vector<std::string> kCompanders = {
+    "none", "softsign", "sqrt", "e3m4", "e4m4", "e2m1", "e3m0", "e3m1", "e4m0"};
 inline const std::vector<std::string> kScales = {"f16", "bf16", "f32"};
 
 /// Reads a whole regular file (a FIFO, device or endless file is refused

@@ -32,6 +32,10 @@ void SpecParser::checkStates(const json &doc) {
       spec.statesForm.value = StatesForm::Quantized;
       return;
     }
+    if (s == "quantized4") {
+      spec.statesForm.value = StatesForm::Quantized4;
+      return;
+    }
     if (auto st = parseStorage(s); st && isPlain(*st)) {
       spec.statesForm.value = StatesForm::Plain;
       spec.statesPlainStorage = *st;
@@ -40,7 +44,8 @@ void SpecParser::checkStates(const json &doc) {
   }
   if (!it->is_object()) {
     expected("/states",
-             "\"quantized\", \"f32\", \"bf16\", \"f16\" or an object mapping "
+             "\"quantized\", \"quantized4\", \"f32\", \"bf16\", \"f16\" or "
+             "an object mapping "
              "state names to encodings",
              *it);
     return;
@@ -80,7 +85,8 @@ void SpecParser::checkEncoding(const json &enc, const std::string &ptr,
         continue;
       error(keyLoc(child(ptr, key)),
             fmt::format("key \"{}\" is not allowed with storage \"{}\"{}; only "
-                        "quantized storages (\"i8\", \"ui8\") take \"group\", "
+                        "quantized storages (\"i8\", \"ui8\", \"i4\", \"ui4\") "
+                        "take \"group\", "
                         "\"compand\" and \"scale\"",
                         key, spelling(*storage),
                         *storage == Storage::None ? " (an elided state)" : ""));
@@ -106,24 +112,38 @@ void SpecParser::checkEncoding(const json &enc, const std::string &ptr,
   } else if (auto name = oneOf(*c, child(ptr, "compand"), kCompanders)) {
     Compand comp = *parseCompand(*name);
     state.compand = {comp, true, valueLoc(child(ptr, "compand"))};
-    // Signed codes only (softsign, e3m4) or unsigned only (sqrt, e4m4).
-    std::optional<Storage> needs;
-    if (comp == Compand::Softsign || comp == Compand::E3M4)
-      needs = Storage::I8;
-    if (comp == Compand::Sqrt || comp == Compand::E4M4)
-      needs = Storage::UI8;
+    // Each code format needs its storage's signedness and width: signed
+    // 8-bit (softsign, e3m4), unsigned 8-bit (sqrt, e4m4), i4 (e2m1, e3m0),
+    // ui4 (e3m1, e4m0); none takes either 8-bit storage.
+    std::optional<Storage> needs = storageFor(comp);
     if (storage && needs && *storage != *needs)
       error(valueLoc(child(ptr, "compand")),
             fmt::format("compand \"{}\" needs storage \"{}\", found "
                         "storage \"{}\"",
                         spelling(comp), spelling(*needs), spelling(*storage)));
+    if (storage && !needs && codeBits(*storage) == 4)
+      error(valueLoc(child(ptr, "compand")),
+            fmt::format("compand \"{}\" needs 8-bit storage (\"i8\" or "
+                        "\"ui8\"); 4-bit codes take \"e2m1\" or \"e3m0\" "
+                        "(\"i4\"), \"e3m1\" or \"e4m0\" (\"ui4\")",
+                        spelling(comp)));
   }
 
+  // 4-bit codes default to bf16 scales and refuse f16 ones: f16's range
+  // (2^-14 .. 2^15) would narrow a narrow code's further (docs/NUMERICS.md
+  // §2e); 8-bit codes default to FlashOptim's f16.
+  bool fourBit = storage && codeBits(*storage) == 4;
   auto sc = enc.find("scale");
   if (sc == enc.end()) {
-    setDefault(state.scale, DType::F16, ptr, "scale");
+    setDefault(state.scale, fourBit ? DType::BF16 : DType::F16, ptr, "scale");
   } else if (auto name = oneOf(*sc, child(ptr, "scale"), kScales)) {
     state.scale = {*parseDType(*name), true, valueLoc(child(ptr, "scale"))};
+    if (fourBit && state.scale.value == DType::F16)
+      error(valueLoc(child(ptr, "scale")),
+            fmt::format("4-bit codes (storage \"{}\") take \"bf16\" or "
+                        "\"f32\" scales: an f16 scale's range (2^-14 to 2^15) "
+                        "would narrow the code's",
+                        spelling(*storage)));
   }
 }
 

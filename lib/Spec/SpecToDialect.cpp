@@ -96,17 +96,30 @@ StateEncodingAttrInterface encodingFor(MLIRContext *ctx, const spec::Spec &s,
   if (spec::isPlain(entry.storage.value))
     return PlainAttr::get(ctx, storage);
   // Quantized: what the entry leaves out comes from the rule's own
-  // encoding when that is quantized with the same signedness.
+  // encoding when that is quantized with the same signedness and width.
   auto ruleQuant = dyn_cast<QuantAttr>(state.getEncoding());
-  bool isSigned = entry.storage.value == spec::Storage::I8;
-  bool inherit = ruleQuant && ruleQuant.isSigned() == isSigned;
+  bool isSigned = spec::isSignedCodes(entry.storage.value);
+  unsigned bits = spec::codeBits(entry.storage.value);
+  bool inherit = ruleQuant && ruleQuant.isSigned() == isSigned &&
+                 ruleQuant.getCodeBits() == bits;
+  if (bits == 4 && s.numerics.value == spec::NumericsMode::FlashOptim) {
+    rep.error(entry.storage.loc,
+              "state \"" + entry.name +
+                  "\": numerics \"flashoptim\" has no 4-bit codes "
+                  "(FlashOptim's states are 8-bit); 4-bit states need the "
+                  "bounded numerics");
+    return {};
+  }
   Compander compand =
       entry.compand.given ? companderOf(entry.compand.value)
       : inherit           ? ruleQuant.getCompand()
                           : companderOf(spec::defaultCompand(entry.storage.value));
-  Type scale = entry.scale.given ? dtypeType(ctx, entry.scale.value)
-               : inherit         ? ruleQuant.getScale()
-                                 : Float16Type::get(ctx);
+  // The default scale: FlashOptim's f16 for 8-bit codes, bf16 for 4-bit
+  // ones (the parser's default, docs/NUMERICS.md §2e).
+  Type scale = entry.scale.given || bits == 4
+                   ? dtypeType(ctx, entry.scale.value)
+               : inherit ? ruleQuant.getScale()
+                         : Float16Type::get(ctx);
   return QuantAttr::get(ctx, storage, int64_t(s.groupSize.value), compand,
                         scale);
 }
@@ -195,6 +208,31 @@ void applySpec(const spec::Spec &s, OptimizerOp op, Reporter &rep) {
                   "encoding, but state \"" +
                       st.getName().str() + "\" of rule \"" + ruleName(s) +
                       "\" has none; give its encoding explicitly");
+    break;
+  case spec::StatesForm::Quantized4:
+    if (s.numerics.value == spec::NumericsMode::FlashOptim) {
+      rep.error(s.statesForm.loc,
+                "\"quantized4\" asks for 4-bit codes, which numerics "
+                "\"flashoptim\" does not have (FlashOptim's states are "
+                "8-bit); use the bounded numerics");
+      break;
+    }
+    for (StateOp st : states) {
+      auto q = dyn_cast<QuantAttr>(st.getEncoding());
+      if (!q) {
+        rep.error(s.statesForm.loc,
+                  "\"quantized4\" asks for the 4-bit code of the rule's "
+                  "default quantized encoding, but state \"" +
+                      st.getName().str() + "\" of rule \"" + ruleName(s) +
+                      "\" has none; give its encoding explicitly");
+        continue;
+      }
+      bool isSigned = q.isSigned();
+      spec::Storage storage = isSigned ? spec::Storage::I4 : spec::Storage::UI4;
+      st.setEncodingAttr(QuantAttr::get(
+          ctx, storageType(ctx, storage), q.getGroup(),
+          companderOf(spec::defaultCompand(storage)), BFloat16Type::get(ctx)));
+    }
     break;
   case spec::StatesForm::Plain: {
     Type t = storageType(ctx, s.statesPlainStorage);

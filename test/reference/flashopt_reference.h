@@ -27,13 +27,18 @@
 
 namespace flashopt::ref {
 
-enum class DType { BF16, F16, F32, I8, U8, I16, None };
-/// The linear codes (None, Softsign, Sqrt: docs/NUMERICS.md §2) and the
-/// minifloat codes (E3M4 signed, E4M4 unsigned: §2d).
-enum class Compand { None, Softsign, Sqrt, E3M4, E4M4 };
+/// I4 and U4: 4-bit codes, two per byte, the even element in the low nibble
+/// (docs/KERNEL-ABI.md).
+enum class DType { BF16, F16, F32, I8, U8, I16, None, I4, U4 };
+/// The linear codes (None, Softsign, Sqrt: docs/NUMERICS.md §2), the 8-bit
+/// minifloat codes (E3M4 signed, E4M4 unsigned: §2d) and the 4-bit ones
+/// (E2M1, E3M0 signed; E3M1, E4M0 unsigned: §2e).
+enum class Compand { None, Softsign, Sqrt, E3M4, E4M4, E2M1, E3M0, E3M1, E4M0 };
 
 struct QuantEncoding {
   bool isSigned = true;
+  /// The code width: 8 (i8, ui8, one per byte) or 4 (i4, ui4, packed).
+  int bits = 8;
   Compand compand = Compand::None;
   DType scale = DType::F16;
   int group = 32;
@@ -320,11 +325,27 @@ struct Minifloat {
   int top() const { return (1 << (E + M)) - 1; }
 };
 inline bool isMinifloat(Compand c) {
-  return c == Compand::E3M4 || c == Compand::E4M4;
+  return c == Compand::E3M4 || c == Compand::E4M4 || c == Compand::E2M1 ||
+         c == Compand::E3M0 || c == Compand::E3M1 || c == Compand::E4M0;
 }
+/// {E, M, signed, subnormals}: e3m4 (signed) and e4m4 (unsigned) with
+/// subnormals; at 4 bits e2m1 (signed) and e3m1 (unsigned) with subnormals,
+/// e3m0 (signed) and e4m0 (unsigned) without.
 inline Minifloat minifloatOf(Compand c) {
-  return c == Compand::E3M4 ? Minifloat{3, 4, true, true}
-                            : Minifloat{4, 4, false, true};
+  switch (c) {
+  case Compand::E3M4:
+    return {3, 4, true, true};
+  case Compand::E2M1:
+    return {2, 1, true, true};
+  case Compand::E3M0:
+    return {3, 0, true, false};
+  case Compand::E3M1:
+    return {3, 1, false, true};
+  case Compand::E4M0:
+    return {4, 0, false, false};
+  default:
+    return {4, 4, false, true};
+  }
 }
 
 /// V(c) for a magnitude code c: 2^(e - emax) (1 + f / 2^M) for e = c >> M
@@ -412,6 +433,35 @@ inline float dither(int64_t i, int64_t t, uint32_t phase = 0) {
 }
 /// The phase of the k-th quantized state of an optimizer: k * 3462 mod 2^14.
 inline uint32_t statePhase(int k) { return (uint32_t(k) * 3462u) & 0x3FFFu; }
+/// The step a 4-bit k-th quantized state's dither hashes (its own stream,
+/// docs/NUMERICS.md §2e): t + k * 0x9E3779B9, at phase 0.
+inline int64_t streamStep(int64_t t, int k) {
+  return int64_t(uint64_t(t) + uint64_t(k) * 0x9E3779B9u);
+}
+
+/// Reads code `e` of a state's code buffer: an i8/ui8 byte, or a nibble of
+/// a packed 4-bit buffer (element 2j in the low, 2j + 1 in the high nibble
+/// of byte j), sign-extended for i4.
+inline int32_t loadCode(const QuantEncoding &q, const void *buf, int64_t e) {
+  const uint8_t *p = static_cast<const uint8_t *>(buf);
+  if (q.bits == 8)
+    return q.isSigned ? int32_t(int8_t(p[e])) : int32_t(p[e]);
+  uint32_t nib = (e & 1) ? uint32_t(p[e >> 1]) >> 4 : uint32_t(p[e >> 1]) & 15u;
+  return q.isSigned && nib >= 8 ? int32_t(nib) - 16 : int32_t(nib);
+}
+/// Writes code `e`: a byte, or a nibble (the other nibble of its byte kept).
+inline void storeCode(const QuantEncoding &q, void *buf, int64_t e,
+                      int32_t code) {
+  uint8_t *p = static_cast<uint8_t *>(buf);
+  if (q.bits == 8) {
+    p[e] = uint8_t(code);
+    return;
+  }
+  uint8_t nib = uint8_t(code) & 15u;
+  uint8_t &byte = p[e >> 1];
+  byte = (e & 1) ? uint8_t((byte & 0x0Fu) | (nib << 4))
+                 : uint8_t((byte & 0xF0u) | nib);
+}
 
 /// Quantizes the first `n` values of a group with a minifloat format
 /// (docs/NUMERICS.md §2d); `h` holds each element's dither h in [0, 2^14)
@@ -763,7 +813,7 @@ inline int dtypeBytes(DType t) {
   case DType::I8:
   case DType::U8:
     return 1;
-  default:
+  default: // I4, U4: packed, see loadCode
     return 0;
   }
 }
@@ -816,9 +866,7 @@ inline void reference_step(const Config &cfg,
       for (size_t k = 0; k < ns; ++k) {
         const StateEncoding &enc = cfg.states[k];
         if (enc.quantized) {
-          int32_t code = enc.q.isSigned
-                             ? int32_t(static_cast<int8_t *>(sb[k].a)[e])
-                             : int32_t(static_cast<uint8_t *>(sb[k].a)[e]);
+          int32_t code = loadCode(enc.q, sb[k].a, e);
           uint32_t bits = enc.q.scale == DType::F32
                               ? bitsOf(static_cast<float *>(sb[k].b)[gi])
                               : uint32_t(static_cast<uint16_t *>(sb[k].b)[gi]);
@@ -854,9 +902,13 @@ inline void reference_step(const Config &cfg,
       if (enc.quantized) {
         std::vector<int32_t> codes(n);
         std::vector<float> dithers(n);
-        uint32_t phase = statePhase(quantizedIndex++);
+        // 8-bit codes: one hash of t, phases k * 3462 apart; 4-bit codes:
+        // the k-th state's own stream, phase 0.
+        int k4 = quantizedIndex++;
+        uint32_t phase = enc.q.bits == 4 ? 0u : statePhase(k4);
+        int64_t ts = enc.q.bits == 4 ? streamStep(t, k4) : t;
         for (int i = 0; i < n; ++i)
-          dithers[i] = dither(elementOffset + g0 + i, t, phase);
+          dithers[i] = dither(elementOffset + g0 + i, ts, phase);
         uint32_t scale =
             quantize_group(statesNew[k].data(), n, enc.q, codes.data(),
                            cfg.fast, cfg.bounded ? dithers.data() : nullptr);
@@ -865,12 +917,11 @@ inline void reference_step(const Config &cfg,
         else
           static_cast<uint16_t *>(sb[k].b)[gi] =
               canonical16(enc.q.scale, uint16_t(scale));
-        for (int i = 0; i < n; ++i) {
-          if (enc.q.isSigned)
-            static_cast<int8_t *>(sb[k].a)[g0 + i] = int8_t(codes[i]);
-          else
-            static_cast<uint8_t *>(sb[k].a)[g0 + i] = uint8_t(codes[i]);
-        }
+        for (int i = 0; i < n; ++i)
+          storeCode(enc.q, sb[k].a, g0 + i, codes[i]);
+        // The pad nibble of an odd-length packed buffer is 0.
+        if (enc.q.bits == 4 && g0 + n == numel && (numel & 1))
+          static_cast<uint8_t *>(sb[k].a)[numel >> 1] &= 0x0Fu;
       } else {
         for (int i = 0; i < n; ++i)
           narrowStore(enc.plain, sb[k].a, g0 + i, statesNew[k][i]);

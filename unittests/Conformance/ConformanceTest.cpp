@@ -77,6 +77,17 @@ int bytesOf(const std::string &dtype) {
   return 1;
 }
 
+/// The packed 4-bit codes (two per byte, docs/KERNEL-ABI.md).
+bool isPacked(const std::string &dtype) {
+  return dtype == "i4" || dtype == "ui4";
+}
+
+/// The bytes `count` elements of `dtype` take; the comparisons below go by
+/// byte for packed codes (both nibbles, the pad nibble included).
+int64_t storedCount(const std::string &dtype, int64_t count) {
+  return isPacked(dtype) ? (count + 1) / 2 : count;
+}
+
 ref::DType dtypeOf(const std::string &s) {
   if (s == "bf16")
     return ref::DType::BF16;
@@ -90,6 +101,10 @@ ref::DType dtypeOf(const std::string &s) {
     return ref::DType::U8;
   if (s == "i16")
     return ref::DType::I16;
+  if (s == "i4")
+    return ref::DType::I4;
+  if (s == "ui4")
+    return ref::DType::U4;
   return ref::DType::None;
 }
 
@@ -107,12 +122,17 @@ ref::Config configOf(const json &m) {
     ref::StateEncoding se{};
     if (e["kind"] == "quantized") {
       se.quantized = true;
-      se.q.isSigned = e["storage"] == "i8";
+      se.q.isSigned = e["storage"] == "i8" || e["storage"] == "i4";
+      se.q.bits = isPacked(e["storage"]) ? 4 : 8;
       std::string comp = e["compand"];
       se.q.compand = comp == "softsign" ? ref::Compand::Softsign
                      : comp == "sqrt"   ? ref::Compand::Sqrt
                      : comp == "e3m4"   ? ref::Compand::E3M4
                      : comp == "e4m4"   ? ref::Compand::E4M4
+                     : comp == "e2m1"   ? ref::Compand::E2M1
+                     : comp == "e3m0"   ? ref::Compand::E3M0
+                     : comp == "e3m1"   ? ref::Compand::E3M1
+                     : comp == "e4m0"   ? ref::Compand::E4M0
                                         : ref::Compand::None;
       se.q.scale = dtypeOf(e["scale"]);
       se.q.group = e["group"].get<int>();
@@ -153,6 +173,14 @@ void fillBuffer(std::mt19937 &rng, const json &buf, void *data, int64_t count,
   std::string dtype = buf["dtype"];
   std::string name = buf["name"];
   bool isScale = name.size() > 7 && name.substr(name.size() - 7) == ".scales";
+  if (isPacked(dtype)) {
+    // Every nibble pattern, -8 (never written) and the pad nibble included:
+    // the kernels decode them all alike and write the pad nibble as 0.
+    std::uniform_int_distribution<int> d(0, 255);
+    for (int64_t i = 0; i < storedCount(dtype, count); ++i)
+      static_cast<uint8_t *>(data)[i] = uint8_t(d(rng));
+    return;
+  }
   for (int64_t i = 0; i < count; ++i) {
     if (dtype == "i8") {
       std::uniform_int_distribution<int> d(-127, 127);
@@ -251,6 +279,9 @@ std::string describeElement(const std::string &dtype, const uint8_t *p) {
     std::snprintf(buf, sizeof buf, "%d", v);
   } else if (dtype == "ui8") {
     std::snprintf(buf, sizeof buf, "%u", *p);
+  } else if (isPacked(dtype)) {
+    std::snprintf(buf, sizeof buf, "byte 0x%02x (nibbles %u, %u)", *p, *p & 15u,
+                  unsigned(*p) >> 4);
   } else {
     std::snprintf(buf, sizeof buf, "%d", int8_t(*p));
   }
@@ -297,7 +328,8 @@ void checkSpec(const fs::path &bundle, const json &manifest,
     int64_t groups = (n + groupSize - 1) / groupSize;
     for (const json &b : bufs) {
       int64_t count = b["per"] == "group" ? groups : n;
-      std::vector<uint8_t> data(size_t(count * bytesOf(b["dtype"])) + 64);
+      std::vector<uint8_t> data(
+          size_t(storedCount(b["dtype"], count) * bytesOf(b["dtype"])) + 64);
       std::string name = b["name"];
       bool positive = name.rfind("exp_avg_sq", 0) == 0;
       fillBuffer(rng, b, data.data(), count, positive);
@@ -376,7 +408,8 @@ void checkSpec(const fs::path &bundle, const json &manifest,
       int64_t groups = (n + groupSize - 1) / groupSize;
       for (size_t bi = 0; bi < bufs.size(); ++bi) {
         std::string dtype = bufs[bi]["dtype"];
-        int64_t count = bufs[bi]["per"] == "group" ? groups : n;
+        int64_t count =
+            storedCount(dtype, bufs[bi]["per"] == "group" ? groups : n);
         const uint8_t *k = kernelSide[ti].buffers[bi].data();
         const uint8_t *r = refSide[ti].buffers[bi].data();
         int64_t bad = firstMismatch(dtype, k, r, count);
@@ -385,7 +418,8 @@ void checkSpec(const fs::path &bundle, const json &manifest,
                      << kernelEntry["cpu"].get<std::string>() << ", step "
                      << step << ", tensor " << ti << " (numel " << n
                      << "), buffer " << bufs[bi]["name"].get<std::string>()
-                     << ", element " << bad);
+                     << std::string(isPacked(dtype) ? ", byte " : ", element ")
+                     << bad);
         if (bad >= 0)
           FAIL_CHECK("kernel " << describeElement(dtype, k + bad * w)
                                << " != reference "

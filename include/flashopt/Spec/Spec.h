@@ -107,12 +107,13 @@ const char *spelling(NumericsMode v) noexcept;
 
 /// How a state is stored: quantized codes (I8, UI8), plain floats (F32, BF16,
 /// F16), or not at all (None: the state is elided).
-enum class Storage { I8, UI8, F32, BF16, F16, None };
+enum class Storage { I8, UI8, F32, BF16, F16, None, I4, UI4 };
 
 /// The companding function of a quantized state (docs/NUMERICS.md §2): the
 /// linear codes of FlashOptim (None, Softsign, Sqrt) or the minifloat codes
-/// (E3M4: signed, E4M4: unsigned; §2d).
-enum class Compand { None, Softsign, Sqrt, E3M4, E4M4 };
+/// (E3M4: signed, E4M4: unsigned; §2d), and the 4-bit minifloat codes
+/// (E2M1, E3M0: signed, i4; E3M1, E4M0: unsigned, ui4; §2e).
+enum class Compand { None, Softsign, Sqrt, E3M4, E4M4, E2M1, E3M0, E3M1, E4M0 };
 
 /// How the "states" member was written.
 enum class StatesForm {
@@ -121,6 +122,10 @@ enum class StatesForm {
   /// "states": "quantized" — every state keeps the rule's default quantized
   /// encoding (with the spec's group size).
   Quantized,
+  /// "states": "quantized4" — every state whose rule default is quantized in
+  /// the 4-bit code of its signedness (i4 e2m1 or ui4 e3m1, bf16 scales,
+  /// the spec's group size; docs/NUMERICS.md §2e).
+  Quantized4,
   /// "states": "f32" | "bf16" | "f16" — every state plain of that dtype.
   Plain,
   /// "states": {...} — per-state encodings; states not listed keep the
@@ -148,14 +153,22 @@ std::optional<Storage> parseStorage(std::string_view s) noexcept;
 /// Parses a compander spelling; nullopt if it is not one.
 std::optional<Compand> parseCompand(std::string_view s) noexcept;
 
-/// Whether `s` is a quantized storage (i8, ui8).
+/// Whether `s` is a quantized storage (i8, ui8, i4, ui4).
 bool isQuantized(Storage s) noexcept;
+/// The width of a quantized storage's codes: 8 (i8, ui8) or 4 (i4, ui4);
+/// 0 for the others.
+unsigned codeBits(Storage s) noexcept;
+/// Whether a quantized storage's codes are signed (i8, i4).
+bool isSignedCodes(Storage s) noexcept;
+/// The storage a compander's codes need (softsign, e3m4: i8; sqrt, e4m4:
+/// ui8; e2m1, e3m0: i4; e3m1, e4m0: ui4), or nullopt for none (i8 or ui8).
+std::optional<Storage> storageFor(Compand c) noexcept;
 /// Whether `s` is a plain float storage (f32, bf16, f16).
 bool isPlain(Storage s) noexcept;
 /// The dtype of a plain storage; nullopt for quantized storages and None.
 std::optional<DType> plainDType(Storage s) noexcept;
 /// The default compander of a quantized storage: softsign for i8, sqrt for
-/// ui8 (None for the others).
+/// ui8, e2m1 for i4, e3m1 for ui4 (None for the others).
 Compand defaultCompand(Storage s) noexcept;
 
 /// The built-in rule names, in a stable order: sgd, sgdw, adam, adamw, lion.
