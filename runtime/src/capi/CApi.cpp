@@ -102,9 +102,9 @@ const char *flashopt_dtype_name(flashopt_dtype dtype) {
 }
 
 size_t flashopt_dtype_size(flashopt_dtype dtype) {
-  if (!validDtype(dtype))
-    return 0;
-  return size_t(dtype_size(toHost(dtype)));
+  if (!validDtype(dtype) || dtype_is_packed(toHost(dtype)))
+    return 0; // the packed 4-bit codes have no whole bytes per element
+  return size_t(dtype_bits(toHost(dtype)) / 8);
 }
 
 // ---- contexts --------------------------------------------------------------

@@ -114,8 +114,8 @@ void checkBuffer(const OptObj &obj, int64_t index, const std::string &name,
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
          m.name + " has no buffer " + quote(name) + " (it has " +
              (names.empty() ? std::string("none") : names) + ")");
-  const int64_t bytes = (found->per == Per::Group ? ng : numel) *
-                        int64_t(dtype_size(found->dtype));
+  const int64_t bytes = int64_t(dtype_bytes(
+      found->dtype, uint64_t(found->per == Per::Group ? ng : numel)));
   if (size != size_t(bytes))
     fail(FLASHOPT_ERROR_SIZE, o->describe(index) + ": buffer " + quote(name) +
                                   " is " + std::to_string(bytes) +
@@ -264,8 +264,8 @@ flashopt_status flashopt_check_numerics(flashopt_optimizer opt,
     r.first_group = -1;
     // numerics.md §4.3: bits of the master weight, mantissa bits M that
     // survive, the step needed to move max|w|, and the step lr * k gives.
-    int bits = 8 * (dtype_size(m.param) +
-                    (m.correction ? dtype_size(*m.correction) : 0));
+    int bits =
+        dtype_bits(m.param) + (m.correction ? dtype_bits(*m.correction) : 0);
     double M = double(bits - 1 - exponentBits(m.param)) + std::log2(0.49);
     double k = (m.rule == "adam" || m.rule == "adamw") ? 0.1 : 1.0;
     int lrIndex = m.hyper_index("lr");

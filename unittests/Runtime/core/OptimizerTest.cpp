@@ -100,7 +100,7 @@ TEST_CASE("per-group buffers get their own 64-entry aligned, zeroed slices") {
                            "exp_avg_sq.codes", "exp_avg_sq.scales"}) {
     int b = opt->manifest().buffer_index(name);
     REQUIRE(b >= 0);
-    int width = dtype_size(opt->manifest().buffers[size_t(b)].dtype);
+    int width = dtype_bits(opt->manifest().buffers[size_t(b)].dtype) / 8;
     uintptr_t base = uintptr_t(opt->table()[size_t(4 + b)]);
     int64_t prevEnd = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
