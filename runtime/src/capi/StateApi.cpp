@@ -94,10 +94,10 @@ const StateSpec &stateArg(const OptObj &o, const char *state) {
 } // namespace
 
 namespace {
-/// Checks that `name` is a library-owned buffer of parameter `index` of
-/// `size` bytes (flashopt_read_buffer / flashopt_write_buffer).
-void checkBuffer(const OptObj &obj, int64_t index, const std::string &name,
-                 size_t size) {
+/// The size in bytes of library-owned buffer `name` of parameter `index`
+/// (dtype_bytes: ceil(n / 2) for the packed 4-bit codes), or an
+/// INVALID_ARGUMENT naming the buffers there are.
+int64_t bufferBytes(const OptObj &obj, int64_t index, const std::string &name) {
   const OptObj *o = &obj;
   checkIndex(*o, index);
   const Manifest &m = *o->m;
@@ -114,14 +114,32 @@ void checkBuffer(const OptObj &obj, int64_t index, const std::string &name,
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
          m.name + " has no buffer " + quote(name) + " (it has " +
              (names.empty() ? std::string("none") : names) + ")");
-  const int64_t bytes = int64_t(dtype_bytes(
-      found->dtype, uint64_t(found->per == Per::Group ? ng : numel)));
+  return int64_t(dtype_bytes(found->dtype,
+                             uint64_t(found->per == Per::Group ? ng : numel)));
+}
+
+/// Checks that `name` is a library-owned buffer of parameter `index` of
+/// `size` bytes (flashopt_read_buffer / flashopt_write_buffer).
+void checkBuffer(const OptObj &obj, int64_t index, const std::string &name,
+                 size_t size) {
+  const OptObj *o = &obj;
+  const int64_t bytes = bufferBytes(obj, index, name);
   if (size != size_t(bytes))
     fail(FLASHOPT_ERROR_SIZE, o->describe(index) + ": buffer " + quote(name) +
                                   " is " + std::to_string(bytes) +
                                   " bytes, not " + std::to_string(size));
 }
 } // namespace
+
+flashopt_status flashopt_buffer_size(flashopt_optimizer opt, int64_t index,
+                                     const char *buffer, size_t *bytes) {
+  return guard("flashopt_buffer_size", [&] {
+    needOut(buffer, "buffer");
+    needOut(bytes, "bytes");
+    Locked o(opt);
+    *bytes = size_t(bufferBytes(*o, index, buffer));
+  });
+}
 
 flashopt_status flashopt_read_buffer(flashopt_optimizer opt, int64_t index,
                                      const char *buffer, void *out,
