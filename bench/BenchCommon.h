@@ -85,8 +85,8 @@ inline double bytesMovedPerParam(const Manifest &m) {
   double b = 0;
   for (const BufferSpec &buf : m.buffers) {
     double per = buf.per == Per::Group
-                     ? double(dtype_size(buf.dtype)) / double(m.group_size)
-                     : double(dtype_size(buf.dtype));
+                     ? double(dtype_bits(buf.dtype)) / 8 / double(m.group_size)
+                     : double(dtype_bits(buf.dtype)) / 8;
     b += per * (buf.writable ? 2 : 1);
   }
   return b;

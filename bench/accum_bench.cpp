@@ -55,18 +55,18 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "%s has no accumulator\n", m.name.c_str());
     return 1;
   }
-  std::vector<uint8_t> param(size_t(n) * dtype_size(m.param), 0),
-      grad(size_t(n) * dtype_size(m.grad), 0x3c);
+  std::vector<uint8_t> param(size_t(dtype_bytes(m.param, uint64_t(n))), 0),
+      grad(size_t(dtype_bytes(m.grad, uint64_t(n))), 0x3c);
   if (!(*opt)->add_param(0, param.data(), n, grad.data()) ||
       !(*opt)->allocate()) {
     std::fprintf(stderr, "cannot allocate\n");
     return 1;
   }
-  double accBytes = double(dtype_size(m.accumulator->dtype)) +
+  double accBytes = double(dtype_bits(m.accumulator->dtype)) / 8 +
                     (m.accumulator->correction
-                         ? double(dtype_size(*m.accumulator->correction))
+                         ? double(dtype_bits(*m.accumulator->correction)) / 8
                          : 0.0);
-  double moved = double(n) * (double(dtype_size(m.grad)) + 2 * accBytes);
+  double moved = double(n) * (double(dtype_bits(m.grad)) / 8 + 2 * accBytes);
   // memcpy of as many bytes (half read, half written).
   std::vector<uint8_t> src(size_t(moved / 2)), dst(size_t(moved / 2));
   std::memset(src.data(), 1, src.size());

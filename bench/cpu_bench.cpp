@@ -59,7 +59,7 @@ HostBuffer allocateHost(int64_t bytes) {
 /// Fills `n` elements of dtype `t`: a 1M-element pattern, repeated.
 void fill(DType t, uint8_t *dst, int64_t n, float scale, uint64_t seed) {
   const int64_t block = std::min<int64_t>(n, 1 << 20);
-  const int w = dtype_size(t);
+  const int w = dtype_bits(t) / 8; // parameters and gradients: whole bytes
   fillFloats(t, dst, block, scale, seed);
   for (int64_t at = block; at < n; at += block)
     std::memcpy(dst + at * w, dst, size_t(std::min(block, n - at) * w));
@@ -321,8 +321,8 @@ int main(int argc, char **argv) {
     const Manifest &m = (*bundle)->manifest();
     const double moved = bytesMovedPerParam(m);
     for (int64_t n : sizes) {
-      HostBuffer p = allocateHost(n * dtype_size(m.param));
-      HostBuffer g = allocateHost(n * dtype_size(m.grad));
+      HostBuffer p = allocateHost(int64_t(dtype_bytes(m.param, uint64_t(n))));
+      HostBuffer g = allocateHost(int64_t(dtype_bytes(m.grad, uint64_t(n))));
       int64_t copyBytes = int64_t(moved * double(n) / 2);
       HostBuffer cs = allocateHost(copyBytes), cd = allocateHost(copyBytes);
       if (!p || !g || !cs || !cd) {

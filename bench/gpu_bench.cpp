@@ -114,7 +114,7 @@ private:
 /// uploaded once and doubled on the device.
 Status fillDevice(const CudaContext &ctx, CUdeviceptr dst, DType t, int64_t n,
                   float scale, uint64_t seed) {
-  const int w = dtype_size(t);
+  const int w = dtype_bits(t) / 8; // parameters and gradients: whole bytes
   const int64_t block = std::min<int64_t>(n, 1 << 20);
   std::vector<uint8_t> host(size_t(block * w));
   fillFloats(t, host.data(), block, scale, seed);
@@ -188,7 +188,7 @@ int benchBundle(const std::shared_ptr<CudaContext> &ctx, Timer &timer,
   }
   const Manifest &m = (*bundle)->manifest();
   const double moved = bytesMovedPerParam(m);
-  const int pw = dtype_size(m.param), gw = dtype_size(m.grad);
+  const int pw = dtype_bits(m.param) / 8, gw = dtype_bits(m.grad) / 8;
   const double statePerParam = m.computed_bytes_per_param().correction +
                                m.computed_bytes_per_param().states;
   const std::string kernelNote =

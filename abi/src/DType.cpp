@@ -37,16 +37,6 @@ int dtype_bits(DType t) {
   return 0;
 }
 
-int dtype_size(DType t) {
-  switch (t) {
-#define FLASHOPT_DTYPE(E, name, bits, st)                                      \
-  case DType::E:                                                               \
-    return bits % 8 == 0 ? bits / 8 : 0;
-#include "flashopt/abi/DTypes.def"
-  }
-  return 0;
-}
-
 const char *dtype_safetensors_name(DType t) {
   switch (t) {
 #define FLASHOPT_DTYPE(E, name, bits, st)                                      \

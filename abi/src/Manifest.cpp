@@ -37,7 +37,8 @@ std::optional<StateKind> parse_state_kind(std::string_view n) {
 
 const std::vector<std::string> &known_companders() {
   static const std::vector<std::string> names = {"none", "softsign", "sqrt",
-                                                 "e3m4", "e4m4"};
+                                                 "e3m4", "e4m4",     "e2m1",
+                                                 "e3m0", "e3m1",     "e4m0"};
   return names;
 }
 

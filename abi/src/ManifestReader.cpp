@@ -14,6 +14,7 @@
 
 #include "flashopt/abi/Files.h"
 #include "flashopt/abi/Manifest.h"
+#include "flashopt/abi/Minifloat.h"
 
 #include "JsonFields.h"
 
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -256,7 +258,9 @@ void Parser::parseEncoding(const json &enc, const std::string &ep,
   std::string kind = string(enc, ep, "kind");
   if (kind == "quantized") {
     s.kind = StateKind::Quantized;
-    s.storage = dtype(enc, ep, "storage", {DType::I8, DType::U8}, "quantized");
+    s.storage =
+        dtype(enc, ep, "storage", {DType::I8, DType::U8, DType::I4, DType::U4},
+              "quantized");
     s.group = integer(enc, ep, "group");
     if (s.group != m.group_size)
       fail(join(ep, "group"), "is " + std::to_string(s.group) +
@@ -267,13 +271,33 @@ void Parser::parseEncoding(const json &enc, const std::string &ep,
     if (std::find(companders.begin(), companders.end(), s.compand) ==
         companders.end())
       fail(join(ep, "compand"),
-           "expected one of none, softsign, sqrt, e3m4, e4m4, got " +
+           "expected one of none, softsign, sqrt, e3m4, e4m4, e2m1, e3m0, "
+           "e3m1, e4m0, got " +
                quote(s.compand));
-    if ((s.compand == "softsign" || s.compand == "e3m4") &&
-        s.storage != DType::I8)
-      fail(join(ep, "compand"), s.compand + " needs i8 storage");
-    if ((s.compand == "sqrt" || s.compand == "e4m4") && s.storage != DType::U8)
-      fail(join(ep, "compand"), s.compand + " needs ui8 storage");
+    // The code's width and signedness are the storage's: a minifloat's
+    // (codeBits(): 8 for e3m4/e4m4, 4 for e2m1/e3m0/e3m1/e4m0, signed ones
+    // in i8/i4), the linear companders' at 8 bits only.
+    const bool isSignedStorage =
+        s.storage == DType::I8 || s.storage == DType::I4;
+    const int bits = dtype_bits(s.storage);
+    std::optional<DType> needs;
+    if (std::optional<MinifloatFormat> f = minifloat_format(s.compand)) {
+      if (f->codeBits() != bits || f->isSigned != isSignedStorage)
+        needs = f->codeBits() == 4 ? (f->isSigned ? DType::I4 : DType::U4)
+                                   : (f->isSigned ? DType::I8 : DType::U8);
+    } else if (s.compand == "softsign" && s.storage != DType::I8) {
+      needs = DType::I8;
+    } else if (s.compand == "sqrt" && s.storage != DType::U8) {
+      needs = DType::U8;
+    } else if (s.compand == "none" && bits != 8) {
+      fail(join(ep, "compand"),
+           "compand \"none\" needs 8-bit storage (i8 or ui8), got " +
+               std::string(dtype_name(s.storage)));
+    }
+    if (needs)
+      fail(join(ep, "compand"), "compand " + quote(s.compand) + " needs " +
+                                    dtype_name(*needs) + " storage, got " +
+                                    dtype_name(s.storage));
     s.scale =
         dtype(enc, ep, "scale", {DType::F16, DType::BF16, DType::F32}, nullptr);
   } else if (kind == "plain") {

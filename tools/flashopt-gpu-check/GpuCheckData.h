@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -91,7 +92,7 @@ inline void storeBits(DType t, void *dst, int64_t i, uint32_t bits) {
 /// random signs, with about 2% zeros (some negative), 2% subnormals.
 inline std::vector<uint8_t> makeData(DType t, int64_t n, Fill fill, int lo,
                                      int hi, Rng &r) {
-  std::vector<uint8_t> out(size_t(n * dtype_size(t)), 0);
+  std::vector<uint8_t> out(size_t(dtype_bytes(t, uint64_t(n))), 0);
   for (int64_t i = 0; i < n; ++i) {
     double u = r.uniform();
     if (fill == Fill::Zeros) {
@@ -169,10 +170,25 @@ inline void injectNonFinite(DType t, std::vector<uint8_t> &g, int step) {
 inline int64_t compareBuffers(DType t, const uint8_t *want, const uint8_t *got,
                               int64_t n, const std::string &what,
                               std::vector<std::string> &report) {
-  int w = dtype_size(t);
-  if (std::memcmp(want, got, size_t(n * w)) == 0)
+  if (std::memcmp(want, got, size_t(dtype_bytes(t, uint64_t(n)))) == 0)
     return 0;
   int64_t bad = 0;
+  if (dtype_is_packed(t)) {
+    // Two codes per byte: compare (and name) bytes, elements 2i and 2i + 1.
+    char hex[32];
+    for (int64_t i = 0; i < int64_t(dtype_bytes(t, uint64_t(n))); ++i) {
+      if (want[i] == got[i])
+        continue;
+      if (++bad <= 3 && report.size() < 12) {
+        std::snprintf(hex, sizeof hex, "0x%02x, got 0x%02x", want[i], got[i]);
+        report.push_back(what + " byte " + std::to_string(i) + " (elements " +
+                         std::to_string(2 * i) + ", " +
+                         std::to_string(2 * i + 1) + "): want " + hex);
+      }
+    }
+    return bad;
+  }
+  const int w = dtype_bits(t) / 8;
   for (int64_t i = 0; i < n; ++i) {
     if (std::memcmp(want + i * w, got + i * w, size_t(w)) == 0)
       continue;

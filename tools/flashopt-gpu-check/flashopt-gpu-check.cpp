@@ -129,7 +129,7 @@ void checkCpuVsGpu(const std::string &dir,
                                   {100, Fill::Zeros},   {77, Fill::Subnormals}};
   const size_t NT = tensors.size();
   Rng rng(seed);
-  const int pw = dtype_size(m.param), gw = dtype_size(m.grad);
+  const int pw = dtype_bits(m.param) / 8, gw = dtype_bits(m.grad) / 8;
   std::vector<std::vector<uint8_t>> hp(NT), hg(NT);
   std::vector<DeviceBuffer> dp1(NT), dp2(NT), dg(NT);
   for (size_t i = 0; i < NT; ++i) {
@@ -238,7 +238,7 @@ void checkMultiVsSingle(const std::shared_ptr<CudaBundle> &gb, uint64_t seed,
     offs[size_t(i)] = total;
     total += (sizes[size_t(i)] + 63) / 64 * 64;
   }
-  const int pw = dtype_size(m.param), gw = dtype_size(m.grad);
+  const int pw = dtype_bits(m.param) / 8, gw = dtype_bits(m.grad) / 8;
   auto pm = DeviceBuffer::allocate(ctx, total * pw);
   auto ps = DeviceBuffer::allocate(ctx, total * pw);
   auto dg = DeviceBuffer::allocate(ctx, total * gw);
@@ -307,7 +307,7 @@ void checkMultiVsSingle(const std::shared_ptr<CudaBundle> &gb, uint64_t seed,
                          std::to_string(sizes[size_t(i)]) + ") " + b.name;
       out.mismatches += compareBuffers(
           b.dtype, want->data(), got->data(),
-          int64_t(want->size()) / dtype_size(b.dtype), what, out.report);
+          int64_t(want->size()) * 8 / dtype_bits(b.dtype), what, out.report);
     }
   std::ostringstream os;
   os << "multi==single " << NT << " tensors (" << M.total_numel()

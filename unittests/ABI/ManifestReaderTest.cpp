@@ -47,6 +47,38 @@ TEST_CASE("the fake bundle's manifest parses into the expected model") {
   CHECK(a->computed_bytes_per_param().total == doctest::Approx(7.125));
 }
 
+TEST_CASE("4-bit states: i4/ui4 storage with the 4-bit minifloats parses") {
+  auto a = parse_manifest(adamw4bitLikeManifest().dump(), "adamw_like_4bit");
+  REQUIRE_MESSAGE(a.ok(), a.error());
+  CHECK(a->states[0].storage == DType::I4);
+  CHECK(a->states[0].compand == "e2m1");
+  CHECK(a->states[1].storage == DType::U4);
+  CHECK(a->states[1].compand == "e3m1");
+  CHECK(a->buffers[3].dtype == DType::I4);
+  CHECK(a->buffers[5].dtype == DType::U4);
+  // docs/design/4bit-states.md §1: 6.125 B/param, 4.125 with grad release.
+  CHECK(a->computed_bytes_per_param().states == 1.125);
+  CHECK(a->computed_bytes_per_param().total == 6.125);
+  CHECK(a->computed_bytes_per_param().total_with_grad_release == 4.125);
+  // Every 4-bit minifloat in its storage; the writer round-trips them.
+  for (auto [storage, compand] :
+       {std::pair{"i4", "e2m1"}, {"i4", "e3m0"}, {"ui4", "e3m1"},
+        {"ui4", "e4m0"}}) {
+    json x = adamw4bitLikeManifest();
+    int s = std::string(storage) == "i4" ? 0 : 1;
+    x["states"][s]["encoding"]["compand"] = compand;
+    auto r = parse_manifest(x.dump(), "m.json");
+    REQUIRE_MESSAGE(r.ok(), r.error());
+    CHECK(r->states[size_t(s)].compand == compand);
+    auto back = parse_manifest(write_manifest(*r), "again.json");
+    REQUIRE_MESSAGE(back.ok(), back.error());
+    CHECK(write_manifest(*back) == write_manifest(*r));
+  }
+  // The kernel's ABI description spells the packed dtypes.
+  CHECK(kernel_abi_description(*a).find("exp_avg.codes:i4") !=
+        std::string::npos);
+}
+
 TEST_CASE("bad manifests give errors naming the file and the field") {
   auto expectError = [](const json &m, const std::string &needle) {
     auto r = parse_manifest(m.dump(), "/some/bundle/manifest.json");
@@ -116,7 +148,45 @@ TEST_CASE("bad manifests give errors naming the file and the field") {
   { json x = adamwLikeManifest(); x["states"][0]["encoding"]["group"] = 64;
     expectError(x, "field 'states[0].encoding.group': is 64 but group_size is 32"); }
   { json x = adamwLikeManifest(); x["states"][1]["encoding"]["compand"] = "softsign";
-    expectError(x, "softsign needs i8 storage"); }
+    expectError(x, "field 'states[1].encoding.compand': compand \"softsign\" needs i8 storage, got ui8"); }
+  // 4-bit codes (i4/ui4): the compander's width and signedness are the
+  // storage's (a minifloat's codeBits(); the linear companders at 8 bits).
+  auto with = [](const char *storage, const char *compand, const char *st2,
+                 const char *compand2) {
+    json x = adamw4bitLikeManifest();
+    x["states"][0]["encoding"]["storage"] = storage;
+    x["states"][0]["encoding"]["compand"] = compand;
+    x["buffers"][3]["dtype"] = storage;
+    x["states"][1]["encoding"]["storage"] = st2;
+    x["states"][1]["encoding"]["compand"] = compand2;
+    x["buffers"][5]["dtype"] = st2;
+    x.erase("bytes_per_param"); // derived from the buffers
+    return x;
+  };
+  expectError(with("i8", "e2m1", "ui4", "e3m1"),
+              "field 'states[0].encoding.compand': compand \"e2m1\" needs i4 storage, got i8");
+  expectError(with("i4", "e3m4", "ui4", "e3m1"),
+              "compand \"e3m4\" needs i8 storage, got i4");
+  expectError(with("i4", "e3m1", "ui4", "e3m1"),
+              "compand \"e3m1\" needs ui4 storage, got i4");
+  expectError(with("ui4", "e3m0", "ui4", "e3m1"),
+              "compand \"e3m0\" needs i4 storage, got ui4");
+  expectError(with("i4", "e2m1", "ui8", "e4m0"),
+              "field 'states[1].encoding.compand': compand \"e4m0\" needs ui4 storage, got ui8");
+  expectError(with("i4", "e2m1", "ui4", "e4m4"),
+              "compand \"e4m4\" needs ui8 storage, got ui4");
+  expectError(with("i4", "softsign", "ui4", "e3m1"),
+              "compand \"softsign\" needs i8 storage, got i4");
+  expectError(with("i4", "e2m1", "ui4", "sqrt"),
+              "compand \"sqrt\" needs ui8 storage, got ui4");
+  expectError(with("i4", "none", "ui4", "e3m1"),
+              "compand \"none\" needs 8-bit storage (i8 or ui8), got i4");
+  expectError(with("i4", "e2m1", "f32", "e3m1"),
+              "field 'states[1].encoding.storage': expected one of i8, ui8, i4, ui4");
+  { json x = adamw4bitLikeManifest(); x["buffers"][3]["dtype"] = "i8";
+    expectError(x, "field 'buffers[3]': expected buffer \"exp_avg.codes\" (i4"); }
+  { json x = adamw4bitLikeManifest(); x["bytes_per_param"]["states"] = 2.125;
+    expectError(x, "field 'bytes_per_param.states': is 2.125 but the buffers give 1.125"); }
   auto r = parse_manifest("{\"format\": ", "broken.json");
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().rfind("broken.json: invalid JSON", 0) == 0);

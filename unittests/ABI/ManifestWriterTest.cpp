@@ -139,8 +139,24 @@ TEST_CASE("the dtype table: names, sizes and safetensors spellings") {
     CHECK(parse_dtype(dtype_name(t)) == t);
     CHECK(parse_safetensors_dtype(dtype_safetensors_name(t)) == t);
   }
-  CHECK(dtype_size(DType::F32) == 4);
-  CHECK(dtype_size(DType::I16) == 2);
+  CHECK(dtype_bits(DType::F32) == 32);
+  CHECK(dtype_bits(DType::I16) == 16);
+  CHECK(dtype_bytes(DType::F32, 3) == 12);
+  // The packed 4-bit codes: two per byte, the odd tail's pad nibble a byte.
+  for (DType t : {DType::I4, DType::U4}) {
+    CHECK(dtype_bits(t) == 4);
+    CHECK(dtype_is_packed(t));
+    CHECK(dtype_bytes(t, 0) == 0);
+    CHECK(dtype_bytes(t, 1) == 1);
+    CHECK(dtype_bytes(t, 64) == 32);
+    CHECK(dtype_bytes(t, 65) == 33);
+    CHECK(std::string(dtype_safetensors_name(t)) == "U8");
+    CHECK(parse_dtype(dtype_name(t)) == t);
+  }
+  CHECK_FALSE(dtype_is_packed(DType::U8));
+  CHECK(std::string(dtype_name(DType::I4)) == "i4");
+  CHECK(std::string(dtype_name(DType::U4)) == "ui4");
+  CHECK(parse_safetensors_dtype("U8") == DType::U8);
   CHECK(std::string(dtype_name(DType::U8)) == "ui8");
   CHECK(std::string(dtype_safetensors_name(DType::U8)) == "U8");
   CHECK_FALSE(parse_dtype("f64").has_value());

@@ -331,6 +331,8 @@ TEST_CASE("every failure of the public entry points has its status") {
     return t;
   }();
 
+  size_t bytes = 0; // flashopt_buffer_size's out
+
   // ---- the walk ------------------------------------------------------------
   const std::vector<Row> rows = {
       // Contexts.
@@ -526,6 +528,22 @@ TEST_CASE("every failure of the public entry points has its status") {
       {"flashopt_import_master_f32", "a master beyond the bf16 range",
        FLASHOPT_ERROR_INVALID_ARGUMENT,
        [&] { return flashopt_import_master_f32(opt, 0, tooBig.data(), 64); }},
+
+      // Buffer sizes.
+      {"flashopt_buffer_size", "a destroyed optimizer",
+       FLASHOPT_ERROR_INVALID_HANDLE,
+       [&] { return flashopt_buffer_size(deadOpt, 0, "exp_avg.codes", &bytes); }},
+      {"flashopt_buffer_size", "a NULL buffer name",
+       FLASHOPT_ERROR_INVALID_ARGUMENT,
+       [&] { return flashopt_buffer_size(opt, 0, nullptr, &bytes); }},
+      {"flashopt_buffer_size", "a NULL out", FLASHOPT_ERROR_INVALID_ARGUMENT,
+       [&] { return flashopt_buffer_size(opt, 0, "exp_avg.codes", nullptr); }},
+      {"flashopt_buffer_size", "a parameter that does not exist",
+       FLASHOPT_ERROR_INVALID_ARGUMENT,
+       [&] { return flashopt_buffer_size(opt, 99, "exp_avg.codes", &bytes); }},
+      {"flashopt_buffer_size", "a buffer the bundle does not have",
+       FLASHOPT_ERROR_INVALID_ARGUMENT,
+       [&] { return flashopt_buffer_size(opt, 0, "exp_avg.nope", &bytes); }},
 
       // Steps, accumulation, policies.
       {"flashopt_step", "a destroyed optimizer", FLASHOPT_ERROR_INVALID_HANDLE,

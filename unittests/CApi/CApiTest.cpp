@@ -60,13 +60,17 @@ TEST_CASE("C ABI on the CPU, every shipped spec") {
       CHECK(std::string(d.arithmetic) == m.arithmetic);
       CHECK(d.param_dtype == info.param_dtype);
       CHECK(d.has_correction == info.has_correction);
-      int32_t q = 0, p = 0;
+      int32_t q = 0, p = 0, bits = 0;
       for (const StateSpec &st : m.states) {
         q += st.kind == StateKind::Quantized;
         p += st.kind == StateKind::Plain;
+        if (st.kind == StateKind::Quantized)
+          bits = std::max(bits, int32_t(flashopt::abi::dtype_bits(st.storage)));
       }
       CHECK(d.quantized_states == q);
       CHECK(d.plain_states == p);
+      CHECK(d.state_bits == bits);
+      CHECK(d.state_bits == (q > 0 ? 8 : 0)); // the shipped bundles: 8-bit
       int32_t nb = -1;
       REQUIRE(flashopt_num_buffers(a.opt, &nb) == FLASHOPT_OK);
       std::vector<std::string> names;
@@ -77,7 +81,11 @@ TEST_CASE("C ABI on the CPU, every shipped spec") {
         // Each one reads back at the size its description implies.
         const int64_t n0 = kSizes[0];
         const int64_t count = b.per_group ? (n0 + m.group_size - 1) / m.group_size : n0;
-        std::vector<uint8_t> bytes(size_t(count) * flashopt_dtype_size(b.dtype));
+        std::vector<uint8_t> bytes(
+            (size_t(count) * flashopt_dtype_bits(b.dtype) + 7) / 8);
+        size_t sized = 0;
+        REQUIRE(flashopt_buffer_size(a.opt, 0, b.name, &sized) == FLASHOPT_OK);
+        CHECK(sized == bytes.size());
         CHECK_MESSAGE(flashopt_read_buffer(a.opt, 0, b.name, bytes.data(),
                                            bytes.size()) == FLASHOPT_OK,
                       b.name << ": " << lastError());

@@ -188,10 +188,10 @@ struct Model {
   Model(const Manifest &m, uint32_t seed) : pdt(m.param), gdt(m.grad) {
     std::mt19937 rng(seed);
     for (int64_t n : kSizes) {
-      Buf p(size_t(n * dtype_size(pdt)));
+      Buf p(size_t(dtype_bytes(pdt, uint64_t(n))));
       storeAs(randomValues(rng, n, 1.0f), pdt, p.data());
       params.push_back(p);
-      grads.emplace_back(size_t(n * dtype_size(gdt)));
+      grads.emplace_back(size_t(dtype_bytes(gdt, uint64_t(n))));
     }
   }
   /// Fresh gradients for step `step` (the same in every model).
@@ -405,8 +405,8 @@ struct Single {
     REQUIRE(m.ok());
     pdt = m->param;
     gdt = m->grad;
-    param = Buf(size_t(numel * dtype_size(pdt)));
-    grad = Buf(size_t(numel * dtype_size(gdt)));
+    param = Buf(size_t(dtype_bytes(pdt, uint64_t(numel))));
+    grad = Buf(size_t(dtype_bytes(gdt, uint64_t(numel))));
     std::vector<float> w(size_t(numel), value), gv(size_t(numel), g);
     for (int64_t i = 0; i < numel; ++i)
       w[size_t(i)] = value * (1.0f + float(i % 7) / 8.0f);
@@ -428,8 +428,8 @@ struct Single {
     std::vector<float> one{v};
     std::vector<uint8_t> tmp(4);
     storeAs(one, gdt, tmp.data());
-    std::memcpy(grad.data() + i * dtype_size(gdt), tmp.data(),
-                size_t(dtype_size(gdt)));
+    const int64_t w = dtype_bits(gdt) / 8; // gradients: whole bytes
+    std::memcpy(grad.data() + i * w, tmp.data(), size_t(w));
   }
   ~Single() {
     if (opt)

@@ -83,6 +83,29 @@ TEST_CASE("parameter info strings stay valid while the optimizer lives") {
         "FLASHOPT_ERROR_MISMATCH");
   CHECK(std::string(flashopt_dtype_name(FLASHOPT_U8)) == "ui8");
   CHECK(flashopt_dtype_size(FLASHOPT_I16) == 2);
+  CHECK(flashopt_dtype_bits(FLASHOPT_I16) == 16);
+  CHECK(flashopt_dtype_bits(FLASHOPT_F32) == 32);
+  CHECK(flashopt_dtype_bits(FLASHOPT_U8) == 8);
+  // The packed 4-bit codes: no whole bytes per element.
+  CHECK(std::string(flashopt_dtype_name(FLASHOPT_I4)) == "i4");
+  CHECK(std::string(flashopt_dtype_name(FLASHOPT_U4)) == "ui4");
+  CHECK(flashopt_dtype_size(FLASHOPT_I4) == 0);
+  CHECK(flashopt_dtype_size(FLASHOPT_U4) == 0);
+  CHECK(flashopt_dtype_bits(FLASHOPT_I4) == 4);
+  CHECK(flashopt_dtype_bits(FLASHOPT_U4) == 4);
+  CHECK(flashopt_dtype_bits(flashopt_dtype(8)) == 0);
+  CHECK(flashopt_dtype_name(flashopt_dtype(8)) == nullptr);
+  // flashopt_buffer_size is the size read/write_buffer take.
+  for (const char *b : {"correction", "exp_avg.codes", "exp_avg.scales",
+                        "exp_avg_sq.codes", "exp_avg_sq.scales"}) {
+    CAPTURE(b);
+    size_t bytes = 0;
+    REQUIRE(flashopt_buffer_size(s.opt, 17, b, &bytes) == FLASHOPT_OK);
+    std::vector<uint8_t> v(bytes);
+    CHECK(flashopt_read_buffer(s.opt, 17, b, v.data(), bytes) == FLASHOPT_OK);
+    CHECK(flashopt_read_buffer(s.opt, 17, b, v.data(), bytes + 1) ==
+          FLASHOPT_ERROR_SIZE);
+  }
   CHECK(flashopt_abi_version() == FLASHOPT_ABI_VERSION);
 }
 

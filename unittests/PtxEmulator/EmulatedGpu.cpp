@@ -110,7 +110,7 @@ void store(DType t, std::vector<uint8_t> &buf, int64_t i, float v) {
 /// Log-uniform magnitudes over 2^[lo, hi], random signs, ~2% zeros.
 std::vector<uint8_t> data(DType t, int64_t n, int lo, int hi, Rng &r,
                           bool nonFinite) {
-  std::vector<uint8_t> out(size_t(n * dtype_size(t)));
+  std::vector<uint8_t> out(size_t(dtype_bytes(t, uint64_t(n))));
   for (int64_t i = 0; i < n; ++i) {
     double u = r.uniform();
     float v = u < 0.02 ? 0.0f
@@ -295,7 +295,8 @@ Outcome compare(const std::string &dir, int chip, const Run &run) {
       REQUIRE_MESSAGE(want.ok(), want.error());
       REQUIRE(int64_t(got->size()) == want->bytes);
       out.compared_bytes += want->bytes;
-      const int es = dtype_size(b.dtype);
+      // A packed buffer (two 4-bit codes per byte) is compared byte by byte.
+      const int es = std::max(1, dtype_bits(b.dtype) / 8);
       const uint8_t *w = static_cast<const uint8_t *>(want->data);
       if (std::memcmp(got->data(), w, got->size()) == 0)
         continue;

@@ -166,6 +166,30 @@ inline json adamwLikeManifest() {
   return m;
 }
 
+/// adamwLikeManifest with 4-bit states (docs/design/4bit-states.md §1):
+/// exp_avg as i4 e2m1 codes, exp_avg_sq as ui4 e3m1 codes, bf16 scales, G =
+/// 32 — 6.125 B/param, 4.125 with gradient release. No kernel implements it:
+/// a scratch bundle of it (makeBundle, the ABI check off) serves every
+/// runtime path but stepping.
+inline json adamw4bitLikeManifest() {
+  json m = adamwLikeManifest();
+  m["name"] = "adamw_like_4bit";
+  m["states"][0]["encoding"]["storage"] = "i4";
+  m["states"][0]["encoding"]["compand"] = "e2m1";
+  m["states"][0]["encoding"]["scale"] = "bf16";
+  m["states"][1]["encoding"]["storage"] = "ui4";
+  m["states"][1]["encoding"]["compand"] = "e3m1";
+  m["states"][1]["encoding"]["scale"] = "bf16";
+  m["buffers"][3]["dtype"] = "i4";
+  m["buffers"][4]["dtype"] = "bf16";
+  m["buffers"][5]["dtype"] = "ui4";
+  m["buffers"][6]["dtype"] = "bf16";
+  m["bytes_per_param"]["states"] = 1.125;
+  m["bytes_per_param"]["total"] = 6.125;
+  m["bytes_per_param"]["total_with_grad_release"] = 4.125;
+  return m;
+}
+
 #ifdef FLASHOPT_TEST_BINARY_DIR
 /// Bundle `name` of the build tree's bundle directory `dir` ("kernels",
 /// "kernels-accumulate"; the tree is $FLASHOPT_BINARY_DIR when set).

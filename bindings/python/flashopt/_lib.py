@@ -22,7 +22,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # flashopt_status: only the codes the binding branches on. Names come from
 # the library (flashopt_status_name).
@@ -82,7 +82,7 @@ class BundleDesc(ctypes.Structure):
         ("param_dtype", ctypes.c_int), ("has_correction", ctypes.c_int32),
         ("correction_dtype", ctypes.c_int), ("quantized_states", ctypes.c_int32),
         ("plain_states", ctypes.c_int32), ("arithmetic", ctypes.c_char * 16),
-        ("numerics", ctypes.c_char * 16),
+        ("numerics", ctypes.c_char * 16), ("state_bits", ctypes.c_int32),
     ]
 
 

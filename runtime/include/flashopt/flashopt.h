@@ -70,8 +70,9 @@ extern "C" {
 #define FLASHOPT_API __attribute__((visibility("default")))
 #endif
 
-/** Bumped on every incompatible change of this header. */
-#define FLASHOPT_ABI_VERSION 2
+/** Bumped on every incompatible change of this header (3: the packed 4-bit
+ *  dtypes FLASHOPT_I4/U4 and flashopt_bundle_desc.state_bits). */
+#define FLASHOPT_ABI_VERSION 3
 
 /*===----------------------------------------------------------------------===*
  * Status and errors
@@ -143,10 +144,17 @@ typedef enum flashopt_dtype {
   FLASHOPT_U4 = 7
 } flashopt_dtype;
 
-/** "bf16", "f16", "f32", "i8", "ui8", "i16" (NULL for other values). */
+/** "bf16", "f16", "f32", "i8", "ui8", "i16", "i4", "ui4" (NULL for other
+ *  values). */
 FLASHOPT_API const char *flashopt_dtype_name(flashopt_dtype dtype);
-/** Bytes per element (0 for other values). */
+/** Bytes per element; 0 for FLASHOPT_I4/U4, which have no whole bytes per
+ *  element (use flashopt_dtype_bits, or flashopt_buffer_size for a
+ *  buffer), and for other values. */
 FLASHOPT_API size_t flashopt_dtype_size(flashopt_dtype dtype);
+/** Bits per element: 4 for FLASHOPT_I4/U4 (n codes take (n + 1) / 2 bytes,
+ *  the last byte's high nibble 0 when n is odd), else 8, 16 or 32; 0 for
+ *  other values. */
+FLASHOPT_API size_t flashopt_dtype_bits(flashopt_dtype dtype);
 
 /** Device types; the values are DLPack's DLDeviceType (kDLCPU, kDLCUDA). */
 typedef enum flashopt_device_type {
@@ -246,10 +254,13 @@ typedef struct flashopt_bundle_desc {
   flashopt_dtype param_dtype;
   int32_t has_correction;          /* 1 when the master weight is split */
   flashopt_dtype correction_dtype; /* I8 or I16 when has_correction */
-  int32_t quantized_states;        /* states stored as 8-bit codes */
+  int32_t quantized_states;        /* states stored as 8- or 4-bit codes */
   int32_t plain_states;            /* states stored as fp32 */
   char arithmetic[16];             /* "exact" or "fast" */
   char numerics[16];               /* "bounded" or "flashoptim" */
+  /* The widest code of the quantized states: 8 (i8/ui8 codes) or 4 (packed
+   * i4/ui4 codes); 0 when no state is quantized. (ABI version 3.) */
+  int32_t state_bits;
 } flashopt_bundle_desc;
 
 /** Fills `out` from `bundle_dir`/manifest.json (validated as

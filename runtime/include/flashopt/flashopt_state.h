@@ -59,6 +59,16 @@ FLASHOPT_API flashopt_status flashopt_import_state_f32(flashopt_optimizer opt,
                                                        const float *in,
                                                        int64_t numel);
 
+/** The size in bytes of buffer `buffer` of parameter `index` (a name
+ *  flashopt_read_buffer takes) into `*bytes`: n elements (one per parameter
+ *  element, or per group) of its dtype, (n + 1) / 2 bytes for the packed
+ *  4-bit codes (FLASHOPT_I4/U4). The `size` flashopt_read_buffer and
+ *  flashopt_write_buffer take. (ABI version 3.) */
+FLASHOPT_API flashopt_status flashopt_buffer_size(flashopt_optimizer opt,
+                                                  int64_t index,
+                                                  const char *buffer,
+                                                  size_t *bytes);
+
 /** Copies buffer `buffer` of parameter `index` as the optimizer stores it,
  *  in its own dtype, to `size` bytes of host memory at `out` (`size` must be
  *  the buffer's size): "correction" (the master weight's correction term),
@@ -75,7 +85,9 @@ FLASHOPT_API flashopt_status flashopt_read_buffer(flashopt_optimizer opt,
  *  flashopt_read_buffer takes) with `size` bytes of host memory at `in`, in
  *  the buffer's own dtype (`size` must be the buffer's size): the inverse of
  *  flashopt_read_buffer, e.g. a correction term saved beside its parameter.
- *  The bits are taken as they are. */
+ *  The bits are taken as they are, but for the pad nibble of packed 4-bit
+ *  codes of odd length (the last byte's high nibble), which is stored as
+ *  0. */
 FLASHOPT_API flashopt_status flashopt_write_buffer(flashopt_optimizer opt,
                                                    int64_t index,
                                                    const char *buffer,

@@ -102,9 +102,15 @@ const char *flashopt_dtype_name(flashopt_dtype dtype) {
 }
 
 size_t flashopt_dtype_size(flashopt_dtype dtype) {
+  if (!validDtype(dtype) || dtype_is_packed(toHost(dtype)))
+    return 0; // the packed 4-bit codes have no whole bytes per element
+  return size_t(dtype_bits(toHost(dtype)) / 8);
+}
+
+size_t flashopt_dtype_bits(flashopt_dtype dtype) {
   if (!validDtype(dtype))
     return 0;
-  return size_t(dtype_size(toHost(dtype)));
+  return size_t(dtype_bits(toHost(dtype)));
 }
 
 // ---- contexts --------------------------------------------------------------
@@ -279,6 +285,8 @@ flashopt_status flashopt_describe_bundle(const char *bundle_dir,
     for (const StateSpec &s : m->states) {
       d.quantized_states += s.kind == StateKind::Quantized;
       d.plain_states += s.kind == StateKind::Plain;
+      if (s.kind == StateKind::Quantized)
+        d.state_bits = std::max(d.state_bits, int32_t(dtype_bits(s.storage)));
     }
     *out = d;
   });

@@ -146,7 +146,7 @@ void addParam(OptObj &o, int32_t group, const char *cname, void *param,
                                               o.describe(it->second));
   }
   // Memory: the same (or overlapping) param memory is registered once.
-  int64_t bytes = numel * dtype_size(m.param);
+  int64_t bytes = int64_t(dtype_bytes(m.param, uint64_t(numel)));
   uintptr_t lo = uintptr_t(param), hi = lo + uintptr_t(bytes);
   for (size_t i = 0; i < o.params.size(); ++i) {
     const ParamRec &p = o.params[i];

@@ -94,10 +94,10 @@ const StateSpec &stateArg(const OptObj &o, const char *state) {
 } // namespace
 
 namespace {
-/// Checks that `name` is a library-owned buffer of parameter `index` of
-/// `size` bytes (flashopt_read_buffer / flashopt_write_buffer).
-void checkBuffer(const OptObj &obj, int64_t index, const std::string &name,
-                 size_t size) {
+/// The size in bytes of library-owned buffer `name` of parameter `index`
+/// (dtype_bytes: ceil(n / 2) for the packed 4-bit codes), or an
+/// INVALID_ARGUMENT naming the buffers there are.
+int64_t bufferBytes(const OptObj &obj, int64_t index, const std::string &name) {
   const OptObj *o = &obj;
   checkIndex(*o, index);
   const Manifest &m = *o->m;
@@ -114,14 +114,32 @@ void checkBuffer(const OptObj &obj, int64_t index, const std::string &name,
     fail(FLASHOPT_ERROR_INVALID_ARGUMENT,
          m.name + " has no buffer " + quote(name) + " (it has " +
              (names.empty() ? std::string("none") : names) + ")");
-  const int64_t bytes = (found->per == Per::Group ? ng : numel) *
-                        int64_t(dtype_size(found->dtype));
+  return int64_t(dtype_bytes(found->dtype,
+                             uint64_t(found->per == Per::Group ? ng : numel)));
+}
+
+/// Checks that `name` is a library-owned buffer of parameter `index` of
+/// `size` bytes (flashopt_read_buffer / flashopt_write_buffer).
+void checkBuffer(const OptObj &obj, int64_t index, const std::string &name,
+                 size_t size) {
+  const OptObj *o = &obj;
+  const int64_t bytes = bufferBytes(obj, index, name);
   if (size != size_t(bytes))
     fail(FLASHOPT_ERROR_SIZE, o->describe(index) + ": buffer " + quote(name) +
                                   " is " + std::to_string(bytes) +
                                   " bytes, not " + std::to_string(size));
 }
 } // namespace
+
+flashopt_status flashopt_buffer_size(flashopt_optimizer opt, int64_t index,
+                                     const char *buffer, size_t *bytes) {
+  return guard("flashopt_buffer_size", [&] {
+    needOut(buffer, "buffer");
+    needOut(bytes, "bytes");
+    Locked o(opt);
+    *bytes = size_t(bufferBytes(*o, index, buffer));
+  });
+}
 
 flashopt_status flashopt_read_buffer(flashopt_optimizer opt, int64_t index,
                                      const char *buffer, void *out,
@@ -264,8 +282,8 @@ flashopt_status flashopt_check_numerics(flashopt_optimizer opt,
     r.first_group = -1;
     // numerics.md §4.3: bits of the master weight, mantissa bits M that
     // survive, the step needed to move max|w|, and the step lr * k gives.
-    int bits = 8 * (dtype_size(m.param) +
-                    (m.correction ? dtype_size(*m.correction) : 0));
+    int bits =
+        dtype_bits(m.param) + (m.correction ? dtype_bits(*m.correction) : 0);
     double M = double(bits - 1 - exponentBits(m.param)) + std::log2(0.49);
     double k = (m.rule == "adam" || m.rule == "adamw") ? 0.1 : 1.0;
     int lrIndex = m.hyper_index("lr");

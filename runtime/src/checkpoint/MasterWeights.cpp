@@ -47,7 +47,7 @@ Status checkMasterFits(const Subject &s, int64_t i, const float *in, Code code,
   std::vector<uint16_t> param(static_cast<size_t>(n));
   std::vector<uint8_t> corr;
   if (m.correction)
-    corr.resize(size_t(n * dtype_size(*m.correction)));
+    corr.resize(size_t(dtype_bytes(*m.correction, uint64_t(n))));
   codec::encode_master(in, n, param.data(), m.param,
                        m.correction ? corr.data() : nullptr, m.correction);
   const uint16_t infBits = m.param == DType::BF16 ? 0x7F80 : 0x7C00;
@@ -68,10 +68,10 @@ Status checkMasterFits(const Subject &s, int64_t i, const float *in, Code code,
 Status importMaster(const Subject &s, int64_t i, const float *in) {
   const Manifest &m = s.manifest();
   int64_t n = s.numel(i);
-  std::vector<uint8_t> param(size_t(n * dtype_size(m.param)));
+  std::vector<uint8_t> param(size_t(dtype_bytes(m.param, uint64_t(n))));
   std::vector<uint8_t> corr;
   if (m.correction)
-    corr.resize(size_t(n * dtype_size(*m.correction)));
+    corr.resize(size_t(dtype_bytes(*m.correction, uint64_t(n))));
   codec::encode_master(in, n, param.data(), m.param,
                        m.correction ? corr.data() : nullptr, m.correction);
   if (Status st = s.write(i, "param", param.data(), int64_t(param.size())); !st)
@@ -109,8 +109,8 @@ Status importState(const Subject &s, int64_t i, const StateSpec &state,
   std::vector<std::vector<uint8_t>> stored;
   std::vector<void *> buffers;
   for (const abi::StateBuffer &b : layout)
-    stored.emplace_back(
-        size_t((b.per == Per::Group ? ng : numel) * dtype_size(b.dtype)));
+    stored.emplace_back(size_t(
+        dtype_bytes(b.dtype, uint64_t(b.per == Per::Group ? ng : numel))));
   for (std::vector<uint8_t> &b : stored)
     buffers.push_back(b.data());
   codec::encode_state(state, in, m.group_size, numel, buffers);

@@ -190,6 +190,52 @@ int32_t minifloatCode(const abi::MinifloatFormat &f, float x, int e,
   return f.isSigned && x < 0.0f ? -int32_t(q) : int32_t(q);
 }
 
+bool signedCodes(DType t) { return t == DType::I8 || t == DType::I4; }
+
+/// Code i of a code buffer: a byte (i8, ui8) or a nibble (i4, ui4: two per
+/// byte, element 2k in byte k's low nibble). Signed nibbles are two's
+/// complement, -8..7 (-8 is never written; it decodes by the formula).
+int32_t loadCode(const void *codes, DType t, int64_t i) {
+  switch (t) {
+  case DType::I8:
+    return static_cast<const int8_t *>(codes)[i];
+  case DType::I4:
+  case DType::U4: {
+    const uint8_t b = static_cast<const uint8_t *>(codes)[i >> 1];
+    const int32_t nib = (i & 1) ? b >> 4 : b & 0x0F;
+    return t == DType::I4 ? (nib ^ 8) - 8 : nib;
+  }
+  default:
+    return static_cast<const uint8_t *>(codes)[i];
+  }
+}
+
+/// Stores code q (in the dtype's range) as code i of a code buffer; a
+/// nibble keeps its byte's other nibble.
+void storeCode(void *codes, DType t, int64_t i, int32_t q) {
+  switch (t) {
+  case DType::I8:
+    static_cast<int8_t *>(codes)[i] = int8_t(q);
+    return;
+  case DType::I4:
+  case DType::U4: {
+    uint8_t &b = static_cast<uint8_t *>(codes)[i >> 1];
+    const int sh = (i & 1) ? 4 : 0;
+    b = uint8_t((b & ~(0x0F << sh)) | ((uint32_t(q) & 0x0F) << sh));
+    return;
+  }
+  default:
+    static_cast<uint8_t *>(codes)[i] = uint8_t(q);
+  }
+}
+
+/// The pad nibble of an odd number of packed codes (the last byte's high
+/// nibble) is 0 (docs/KERNEL-ABI.md "Packed buffers").
+void clearPadNibble(void *codes, DType t, int64_t n) {
+  if (abi::dtype_is_packed(t) && n % 2 != 0)
+    static_cast<uint8_t *>(codes)[n >> 1] &= 0x0F;
+}
+
 float loadScale(const void *scales, DType t, int64_t g) {
   if (t == DType::F32)
     return static_cast<const float *>(scales)[g];
@@ -222,10 +268,17 @@ bool valid_master_encoding(DType param_dtype,
 bool valid_quant_encoding(DType code_dtype, DType scale_dtype,
                           std::string_view compand, int64_t group) {
   Compand c;
-  if (auto f = abi::minifloat_format(compand)) // its signedness is its own
-    if (f->isSigned != (code_dtype == DType::I8))
+  // A minifloat's width and signedness are its own (i8: e3m4, ui8: e4m4,
+  // i4: e2m1/e3m0, ui4: e3m1/e4m0); the linear codes are 8-bit.
+  if (auto f = abi::minifloat_format(compand)) {
+    if (f->isSigned != signedCodes(code_dtype) ||
+        f->codeBits() != abi::dtype_bits(code_dtype))
       return false;
-  return (code_dtype == DType::I8 || code_dtype == DType::U8) &&
+  } else if (code_dtype != DType::I8 && code_dtype != DType::U8) {
+    return false;
+  }
+  return (code_dtype == DType::I8 || code_dtype == DType::U8 ||
+          code_dtype == DType::I4 || code_dtype == DType::U4) &&
          isFloat(scale_dtype) && parseCompand(compand, &c) && group > 0;
 }
 
@@ -321,19 +374,15 @@ void dequantize(const void *codes, DType code_dtype, const void *scales,
       out[i] = kNaN;
     return;
   }
-  const bool isSigned = code_dtype == DType::I8;
+  const bool isSigned = signedCodes(code_dtype);
   const float nMax = isSigned ? 127.0f : 255.0f;
   if (c == Compand::Minifloat) {
     const abi::MinifloatFormat f = *abi::minifloat_format(compand);
     for (int64_t g0 = 0, gi = 0; g0 < n; g0 += group, ++gi) {
       const int64_t end = n - g0 < group ? n : g0 + group;
       const float scale = loadScale(scales, scale_dtype, gi);
-      for (int64_t i = g0; i < end; ++i) {
-        const int32_t q = isSigned
-                              ? int32_t(static_cast<const int8_t *>(codes)[i])
-                              : int32_t(static_cast<const uint8_t *>(codes)[i]);
-        out[i] = minifloatValue(f, q) * scale;
-      }
+      for (int64_t i = g0; i < end; ++i)
+        out[i] = minifloatValue(f, loadCode(codes, code_dtype, i)) * scale;
     }
     return;
   }
@@ -341,9 +390,7 @@ void dequantize(const void *codes, DType code_dtype, const void *scales,
     const int64_t end = n - g0 < group ? n : g0 + group;
     const float scale = loadScale(scales, scale_dtype, gi);
     for (int64_t i = g0; i < end; ++i) {
-      const int32_t q = isSigned
-                            ? int32_t(static_cast<const int8_t *>(codes)[i])
-                            : int32_t(static_cast<const uint8_t *>(codes)[i]);
+      const int32_t q = loadCode(codes, code_dtype, i);
       const float t = float(q) / nMax;
       float v = t;
       if (c == Compand::Softsign) {
@@ -369,7 +416,7 @@ void quantize(const float *in, int64_t n, int64_t group,
   assert(valid && "quantize: invalid quantized encoding");
   if (!valid)
     return;
-  const bool isSigned = code_dtype == DType::I8;
+  const bool isSigned = signedCodes(code_dtype);
   if (c == Compand::Minifloat) {
     // Rounded to nearest, ties down (the dither word 2^31 - 1), as the
     // FlashOptim numerics round; the kernels' bounded numerics dither
@@ -387,14 +434,11 @@ void quantize(const float *in, int64_t n, int64_t group,
       int e = 0;
       storeScale(scales, scale_dtype, gi,
                  minifloatScale(f, a, scale_dtype, &e));
-      for (int64_t i = g0; i < end; ++i) {
-        const int32_t code = minifloatCode(f, in[i], e, 0x7FFFFFFFu);
-        if (isSigned)
-          static_cast<int8_t *>(codes)[i] = int8_t(code);
-        else
-          static_cast<uint8_t *>(codes)[i] = uint8_t(code);
-      }
+      for (int64_t i = g0; i < end; ++i)
+        storeCode(codes, code_dtype, i,
+                  minifloatCode(f, in[i], e, 0x7FFFFFFFu));
     }
+    clearPadNibble(codes, code_dtype, n);
     return;
   }
   const float nMax = isSigned ? 127.0f : 255.0f;
@@ -434,10 +478,7 @@ void quantize(const float *in, int64_t n, int64_t group,
         const float clo = maximumf(f, lo);
         q = minimumf(clo, nMax);
       }
-      if (isSigned)
-        static_cast<int8_t *>(codes)[i] = int8_t(int32_t(q));
-      else
-        static_cast<uint8_t *>(codes)[i] = uint8_t(int32_t(q));
+      storeCode(codes, code_dtype, i, int32_t(q));
     }
   }
 }

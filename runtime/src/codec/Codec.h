@@ -35,9 +35,11 @@ namespace flashopt::host::codec {
 /// fall back to plain widen / narrow and assert in debug builds).
 bool valid_master_encoding(DType param_dtype, std::optional<DType> correction);
 /// Whether a quantized encoding is one dequantize / quantize handle: codes
-/// I8 or U8, scales BF16/F16/F32, compander "none", "softsign" or "sqrt",
-/// group > 0. (Every combination is computed as §2 writes it; the manifest
-/// additionally restricts softsign to I8 and sqrt to U8.) With an invalid
+/// I8 or U8 with compander "none", "softsign" or "sqrt" (every combination
+/// computed as §2 writes it; the manifest additionally restricts softsign to
+/// I8 and sqrt to U8), or a minifloat in codes of its width and signedness
+/// (I8 e3m4, U8 e4m4; the packed 4-bit codes I4 e2m1/e3m0, U4 e3m1/e4m0);
+/// scales BF16/F16/F32; group > 0. With an invalid
 /// encoding dequantize writes NaN, quantize writes nothing, and both assert
 /// in debug builds.
 bool valid_quant_encoding(DType code_dtype, DType scale_dtype,
@@ -58,14 +60,16 @@ void decode_master(const void *param, DType param_dtype, const void *corr,
 void encode_master(const float *in, int64_t n, void *param, DType param_dtype,
                    void *corr, std::optional<DType> correction);
 
-/// Dequantizes `n` elements of a quantized state (§2.4): codes (I8 or U8),
-/// one scale (F16/BF16/F32) per `group` elements, compander "none",
-/// "softsign" or "sqrt".
+/// Dequantizes `n` elements of a quantized state (§2.4): codes (I8 or U8,
+/// or I4/U4 packed two per byte, the even element in the low nibble, signed
+/// nibbles two's complement), one scale (F16/BF16/F32) per `group`
+/// elements, the compander of valid_quant_encoding.
 void dequantize(const void *codes, DType code_dtype, const void *scales,
                 DType scale_dtype, std::string_view compand, int64_t group,
                 int64_t n, float *out);
 /// Quantizes `n` f32 values (§2.3), writing ceil(n / group) scales. A tail
-/// group is padded with zeros, as the kernels do.
+/// group is padded with zeros, as the kernels do. Packed codes take
+/// dtype_bytes(code_dtype, n) bytes; an odd n's pad nibble is written 0.
 void quantize(const float *in, int64_t n, int64_t group,
               std::string_view compand, void *codes, DType code_dtype,
               void *scales, DType scale_dtype);

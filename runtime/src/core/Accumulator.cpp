@@ -51,7 +51,7 @@ Status Optimizer::read_accumulator(int64_t tensor, int64_t offset,
     if (Status s = I.checkAccumulator(tensor, offset, count, "read_accumulator"); !s)
       return s;
     const AccumBuffers ab = accumBuffers(*I.m);
-    std::vector<uint8_t> hi(size_t(count * dtype_size(ab.valueType)));
+    std::vector<uint8_t> hi(size_t(dtype_bytes(ab.valueType, uint64_t(count))));
     if (Status s = I.readElements(size_t(tensor), size_t(ab.value), offset,
                                   count, hi.data());
         !s)
@@ -60,7 +60,7 @@ Status Optimizer::read_accumulator(int64_t tensor, int64_t offset,
       codec::widen(hi.data(), ab.valueType, count, out);
       return Status::success();
     }
-    std::vector<uint8_t> lo(size_t(count * dtype_size(ab.correctionType)));
+    std::vector<uint8_t> lo(size_t(dtype_bytes(ab.correctionType, uint64_t(count))));
     if (Status s = I.readElements(size_t(tensor), size_t(ab.correction),
                                   offset, count, lo.data());
         !s)
@@ -80,10 +80,10 @@ Status Optimizer::write_accumulator(int64_t tensor, int64_t offset,
     if (Status s = I.checkAccumulator(tensor, offset, count, "write_accumulator"); !s)
       return s;
     const AccumBuffers ab = accumBuffers(*I.m);
-    std::vector<uint8_t> hi(size_t(count * dtype_size(ab.valueType)));
+    std::vector<uint8_t> hi(size_t(dtype_bytes(ab.valueType, uint64_t(count))));
     std::vector<uint8_t> lo;
     if (ab.correction >= 0) {
-      lo.resize(size_t(count * dtype_size(ab.correctionType)));
+      lo.resize(size_t(dtype_bytes(ab.correctionType, uint64_t(count))));
       codec::encode_master(in, count, hi.data(), ab.valueType, lo.data(),
                            ab.correctionType);
     } else {

@@ -254,7 +254,7 @@ Expected<BufferView> Optimizer::buffer(int64_t tensor, std::string_view name) {
   v.dtype = spec.dtype;
   v.per = spec.per;
   v.count = spec.per == Per::Group ? ti.num_groups : ti.numel;
-  v.bytes = v.count * dtype_size(spec.dtype);
+  v.bytes = int64_t(dtype_bytes(spec.dtype, uint64_t(v.count)));
   v.runtime_owned = I.runtimeOwned(b);
   return v;
 }
@@ -293,6 +293,18 @@ Status Optimizer::write_buffer(int64_t tensor, std::string_view name,
                              " of tensor " + std::to_string(tensor) +
                              " holds " + std::to_string(v->bytes) +
                              " bytes, not " + std::to_string(bytes));
+  if (dtype_is_packed(v->dtype) && v->count % 2 != 0 && bytes > 0) {
+    // The pad nibble (high nibble of the last byte) is always 0
+    // (docs/KERNEL-ABI.md "Packed buffers").
+    try {
+      std::vector<uint8_t> copy(static_cast<const uint8_t *>(data),
+                                static_cast<const uint8_t *>(data) + bytes);
+      copy.back() &= 0x0F;
+      return impl_->backend->write(v->data, copy.data(), bytes);
+    } catch (const std::exception &e) {
+      return Status::from_exception(e, "write_buffer: ");
+    }
+  }
   return impl_->backend->write(v->data, data, bytes);
 }
 

@@ -67,7 +67,9 @@ struct Optimizer::Impl {
       return int64_t(reinterpret_cast<uintptr_t>(tensors[i].param));
     if (spec.role == BufferRole::Grad)
       return int64_t(reinterpret_cast<uintptr_t>(tensors[i].grad));
-    return backend->arena_address(b) + offsets[i][b] * dtype_size(spec.dtype);
+    // Arena offsets are multiples of 64 entries: whole bytes at any width.
+    return backend->arena_address(b) +
+           int64_t(dtype_bytes(spec.dtype, uint64_t(offsets[i][b])));
   }
 
   std::vector<int64_t> bases() const {
@@ -161,23 +163,59 @@ struct Optimizer::Impl {
     return prepare();
   }
 
+  /// Elements [offset, offset + count) of buffer `b` of tensor `i` are
+  /// whole bytes: always, unless the buffer is packed (4-bit codes, two per
+  /// byte), where the range must start at an even element and end at an
+  /// even one or at the buffer's end (its last byte's pad nibble).
+  Status checkPackedRange(size_t i, size_t b, int64_t offset, int64_t count,
+                          const char *who) const {
+    const BufferSpec &spec = m->buffers[b];
+    if (!dtype_is_packed(spec.dtype))
+      return Status::success();
+    const int64_t n = spec.per == Per::Group ? tensors[i].num_groups
+                                             : tensors[i].numel;
+    const int64_t end = offset + count;
+    if (offset % 2 == 0 && (end % 2 == 0 || end == n))
+      return Status::success();
+    return Status::error(
+        Code::InvalidArgument,
+        std::string(who) + ": buffer \"" + spec.name + "\" of tensor " +
+            std::to_string(i) + " is packed two " + dtype_name(spec.dtype) +
+            " codes per byte: elements [" + std::to_string(offset) + ", " +
+            std::to_string(end) + ") do not start at an even element and " +
+            "end at an even one or at its end (" + std::to_string(n) + ")");
+  }
+
   /// Copies elements [offset, offset + count) of buffer `b` of tensor `i`
-  /// to host memory `dst` (the state must be addressable: prepare()).
+  /// to host memory `dst` (the state must be addressable: prepare()); a
+  /// packed buffer's range is checkPackedRange's, `dst` holding its bytes.
   Status readElements(size_t i, size_t b, int64_t offset, int64_t count,
                       void *dst) const {
-    const int64_t es = dtype_size(m->buffers[b].dtype);
-    const int64_t a = address(i, b) + offset * es;
+    const DType t = m->buffers[b].dtype;
+    if (Status s = checkPackedRange(i, b, offset, count, "read"); !s)
+      return s;
+    const int64_t a = address(i, b) + int64_t(dtype_bytes(t, uint64_t(offset)));
     return backend->read(reinterpret_cast<const void *>(uintptr_t(a)), dst,
-                         count * es);
+                         int64_t(dtype_bytes(t, uint64_t(count))));
   }
   /// Overwrites elements [offset, offset + count) of buffer `b` of tensor
-  /// `i` with host memory `src`.
+  /// `i` with host memory `src`; a packed buffer's pad nibble (the high
+  /// nibble of an odd-length buffer's last byte) is written as 0.
   Status writeElements(size_t i, size_t b, int64_t offset, int64_t count,
                        const void *src) const {
-    const int64_t es = dtype_size(m->buffers[b].dtype);
-    const int64_t a = address(i, b) + offset * es;
-    return backend->write(reinterpret_cast<void *>(uintptr_t(a)), src,
-                          count * es);
+    const DType t = m->buffers[b].dtype;
+    if (Status s = checkPackedRange(i, b, offset, count, "write"); !s)
+      return s;
+    const int64_t a = address(i, b) + int64_t(dtype_bytes(t, uint64_t(offset)));
+    const int64_t bytes = int64_t(dtype_bytes(t, uint64_t(count)));
+    if (dtype_is_packed(t) && count % 2 != 0) {
+      std::vector<uint8_t> v(static_cast<const uint8_t *>(src),
+                             static_cast<const uint8_t *>(src) + bytes);
+      v.back() &= 0x0F;
+      return backend->write(reinterpret_cast<void *>(uintptr_t(a)), v.data(),
+                            bytes);
+    }
+    return backend->write(reinterpret_cast<void *>(uintptr_t(a)), src, bytes);
   }
 
   /// Makes the state addressable and the table current.

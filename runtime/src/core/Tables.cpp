@@ -219,9 +219,13 @@ int64_t append_table_records(const Manifest &m, const TensorInfo &t,
       const BufferSpec &spec = m.buffers[b];
       int64_t entries = spec.per == Per::Group ? r.offset / G : r.offset;
       // A null address (a grad not given yet) stays null.
+      // Records split at multiples of 64 groups: an even element offset,
+      // so whole bytes of a packed (4-bit) buffer too.
       rec[abi::kTableHeaderWords + b] =
-          addresses[b] == 0 ? 0
-                            : addresses[b] + entries * dtype_size(spec.dtype);
+          addresses[b] == 0
+              ? 0
+              : addresses[b] +
+                    int64_t(dtype_bytes(spec.dtype, uint64_t(entries)));
     }
   }
   return int64_t(slices.size());
@@ -234,10 +238,12 @@ BytesReport compute_bytes_report(const Manifest &m,
   for (const TensorInfo &ti : tensors)
     r.numel += ti.numel;
   for (const BufferSpec &spec : m.buffers) {
-    int64_t count = 0;
+    // count x bits, per tensor (an odd-length packed buffer's last byte
+    // holds its pad nibble).
+    int64_t bytes = 0;
     for (const TensorInfo &ti : tensors)
-      count += spec.per == Per::Group ? ti.num_groups : ti.numel;
-    int64_t bytes = count * dtype_size(spec.dtype);
+      bytes += int64_t(dtype_bytes(
+          spec.dtype, uint64_t(spec.per == Per::Group ? ti.num_groups : ti.numel)));
     switch (spec.role) {
     case BufferRole::Param:
       r.param += bytes;

@@ -33,7 +33,7 @@ struct Arena {
   uint8_t *data = nullptr;
   int64_t capacity = 0; ///< bytes
   int64_t used = 0;     ///< entries (elements or groups) handed out
-  int elem = 1;         ///< bytes per entry
+  int bits = 8;         ///< bits per entry (4: packed two per byte)
 
   Arena() = default;
   Arena(const Arena &) = delete;
@@ -43,17 +43,21 @@ struct Arena {
     std::swap(data, o.data);
     std::swap(capacity, o.capacity);
     std::swap(used, o.used);
-    std::swap(elem, o.elem);
+    std::swap(bits, o.bits);
     return *this;
   }
   ~Arena() { std::free(data); }
+
+  /// Bytes of `entries` entries (a multiple of 64 entries is whole bytes at
+  /// every width: 32 for a nibble buffer).
+  int64_t bytesOf(int64_t entries) const { return (entries * bits + 7) / 8; }
 
   /// Reserves `count` entries starting at a 64-entry boundary; returns the
   /// entry offset. Throws std::bad_alloc.
   int64_t allocate(int64_t count) {
     int64_t offset = (used + 63) / 64 * 64;
     int64_t end = offset + count;
-    int64_t needBytes = (end + 63) / 64 * 64 * elem; // keep the tail padded
+    int64_t needBytes = bytesOf((end + 63) / 64 * 64); // keep the tail padded
     if (needBytes > capacity) {
       int64_t cap = std::max<int64_t>(needBytes, capacity * 2);
       cap = (cap + 63) / 64 * 64;
@@ -62,7 +66,7 @@ struct Arena {
         throw std::bad_alloc();
       std::memset(p, 0, size_t(cap));
       if (data)
-        std::memcpy(p, data, size_t(used * elem));
+        std::memcpy(p, data, size_t(bytesOf(used)));
       std::free(data);
       data = static_cast<uint8_t *>(p);
       capacity = cap;
@@ -128,7 +132,7 @@ public:
       : bundle_(std::move(bundle)), m_(&bundle_->manifest()) {
     arenas_.resize(m_->buffers.size());
     for (size_t b = 0; b < arenas_.size(); ++b)
-      arenas_[b].elem = dtype_size(m_->buffers[b].dtype);
+      arenas_[b].bits = dtype_bits(m_->buffers[b].dtype);
     minGroups_ = opts.min_groups_per_chunk > 0
                      ? opts.min_groups_per_chunk
                      : std::max<int64_t>(1, 32768 / m_->group_size);
@@ -193,7 +197,7 @@ public:
         continue;
       Arena &a = arenas_[b];
       Arena empty;
-      empty.elem = a.elem;
+      empty.bits = a.bits;
       std::swap(a, empty);
     }
     return Status::success();

@@ -40,7 +40,7 @@ struct DeviceArena {
   CUdeviceptr data = 0;
   int64_t capacity = 0; ///< bytes allocated
   int64_t used = 0;     ///< entries reserved
-  int elem = 1;         ///< bytes per entry
+  int bits = 8;         ///< bits per entry (4: packed two per byte)
 
   int64_t reserve(int64_t count) {
     constexpr int64_t A = abi::kSliceAlignEntries;
@@ -50,7 +50,9 @@ struct DeviceArena {
   }
   int64_t neededBytes() const {
     constexpr int64_t A = abi::kSliceAlignEntries;
-    return (used + A - 1) / A * A * elem;
+    // A multiple of 64 entries is whole bytes at every width (32 for a
+    // nibble buffer), so every slice starts 16-byte aligned.
+    return ((used + A - 1) / A * A * bits + 7) / 8;
   }
 };
 
@@ -68,7 +70,7 @@ public:
                        : gpu_max_record_elements(m_->group_size)) {
     arenas_.resize(m_->buffers.size());
     for (size_t b = 0; b < arenas_.size(); ++b)
-      arenas_[b].elem = dtype_size(m_->buffers[b].dtype);
+      arenas_[b].bits = dtype_bits(m_->buffers[b].dtype);
   }
 
   ~CudaBackend() override {
@@ -180,7 +182,7 @@ public:
         continue;
       freeAfterStream(arenas_[b].data);
       DeviceArena empty;
-      empty.elem = arenas_[b].elem;
+      empty.bits = arenas_[b].bits;
       arenas_[b] = empty;
     }
     return Status::success();

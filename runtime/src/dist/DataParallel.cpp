@@ -154,7 +154,7 @@ DataParallel::attach(std::shared_ptr<Communicator> comm, Optimizer &opt,
     std::unique_ptr<DataParallel> dp(new DataParallel());
     dp->comm_ = std::move(comm);
     dp->deterministic_ = deterministic;
-    dp->buckets_ = plan_buckets(layout, dtype_size(m.grad),
+    dp->buckets_ = plan_buckets(layout, dtype_bits(m.grad) / 8,
                                 bucket_bytes ? bucket_bytes : size_t(25) << 20);
     dp->reduced_.assign(dp->buckets_.size(), false);
     if (make_owner) {
@@ -180,7 +180,7 @@ Status DataParallel::reduceOnDevice(Optimizer &opt, const Bucket &bk) {
                     int(DType::F16) == FLASHOPT_F16 &&
                     int(DType::F32) == FLASHOPT_F32,
                 "host and C dtype numbering agree");
-  const int64_t es = dtype_size(opt.manifest().grad);
+  const int64_t es = dtype_bits(opt.manifest().grad) / 8; // never packed
   std::vector<void *> ptrs;
   std::vector<int64_t> counts;
   for (const Piece &pc : bk.pieces) {
@@ -226,7 +226,7 @@ Status DataParallel::reduce_bucket(Optimizer &opt, int bi) {
       return Status::success();
     }
     const int64_t W = comm_->size();
-    const int64_t es = dtype_size(m.grad);
+    const int64_t es = dtype_bits(m.grad) / 8; // gradients: whole bytes
     const int64_t slice = (bk.numel + W - 1) / W;
     // The bucket's gradients, packed in their own dtype and padded to W
     // slices (read straight from the gradient buffers, piece by piece).

@@ -47,13 +47,17 @@ bool runtimeOwned(const BufferSpec &b) {
 }
 
 /// Bytes [first, last) of a buffer of `spec` that hold elements [begin, end)
-/// of a tensor (a per-group buffer: the groups of those elements).
+/// of a tensor (a per-group buffer: the groups of those elements). Owned
+/// ranges start at multiples of G (even) and end at one or at numel, so a
+/// packed (4-bit) buffer's range is whole bytes, its pad nibble included.
 std::pair<int64_t, int64_t> byteRange(const BufferSpec &spec, int64_t G,
                                       OwnedRange r) {
-  const int64_t es = dtype_size(spec.dtype);
+  auto bytes = [&](int64_t n) {
+    return int64_t(dtype_bytes(spec.dtype, uint64_t(n)));
+  };
   if (spec.per == Per::Group)
-    return {r.begin / G * es, (r.end + G - 1) / G * es};
-  return {r.begin * es, r.end * es};
+    return {bytes(r.begin / G), bytes((r.end + G - 1) / G)};
+  return {bytes(r.begin), bytes(r.end)};
 }
 
 /// Copies every hyper-parameter value `from` has into `to`, the envelopes
@@ -125,7 +129,8 @@ Status DataParallel::shard(Optimizer &opt,
   owner_ = std::move(o.value());
   if (Status s = syncHypers(opt, *owner_); !s)
     return s;
-  const int64_t ges = dtype_size(m.grad), pes = dtype_size(m.param);
+  // Parameters and gradients are whole bytes per element (never packed).
+  const int64_t ges = dtype_bits(m.grad) / 8, pes = dtype_bits(m.param) / 8;
   ranges_.clear();
   ownerIndex_.assign(layout.size(), -1);
   size_t owning = 0;
@@ -179,7 +184,7 @@ Status DataParallel::shard(Optimizer &opt,
 
 Status DataParallel::averageBlocks(const std::vector<uint8_t> &send, DType grad,
                                    int64_t M, std::vector<uint8_t> &mine) {
-  const int64_t W = comm_->size(), es = dtype_size(grad);
+  const int64_t W = comm_->size(), es = dtype_bits(grad) / 8;
   std::vector<float> sum(size_t(M), 0.0f);
   if (deterministic_) {
     std::vector<uint8_t> parts(send.size());
@@ -215,7 +220,7 @@ Status DataParallel::reduce_sharded(Optimizer &opt, int bi) {
     const Manifest &m = opt.manifest();
     Backend &dev = opt.backend();
     const int W = comm_->size(), me = comm_->rank();
-    const int64_t es = dtype_size(m.grad);
+    const int64_t es = dtype_bits(m.grad) / 8; // gradients: whole bytes
     const int64_t M = maxOwned(bi);
     // Where piece `pc`'s gradient is in `opt`.
     auto gradOf = [&](const Piece &pc) -> Expected<uint8_t *> {
@@ -277,7 +282,7 @@ Status DataParallel::step_shards(Optimizer &opt, int64_t t,
       opt.note_hyper_step();
     if (Status s = syncHypers(opt, *owner_); !s)
       return s;
-    const int64_t pes = dtype_size(m.param);
+    const int64_t pes = dtype_bits(m.param) / 8; // parameters: whole bytes
     std::vector<int64_t> idx;
     for (size_t i = 0; i < ownerIndex_.size(); ++i) {
       if (ownerIndex_[i] < 0)
@@ -395,9 +400,9 @@ Status DataParallel::scatter_buffer(Optimizer &opt, int64_t tensor,
     return opt.write_buffer(tensor, name, data, bytes);
   const BufferSpec &spec = **shardSpec;
   const int64_t G = m.group_size, numel = layout_[size_t(tensor)].numel;
-  const int64_t whole = spec.per == Per::Group
-                            ? (numel + G - 1) / G * dtype_size(spec.dtype)
-                            : numel * dtype_size(spec.dtype);
+  const int64_t whole = int64_t(dtype_bytes(
+      spec.dtype,
+      uint64_t(spec.per == Per::Group ? (numel + G - 1) / G : numel)));
   if (bytes != whole)
     return Status::error(
         Code::InvalidArgument,

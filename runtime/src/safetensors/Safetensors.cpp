@@ -71,10 +71,10 @@ bool tensorSize(DType t, const std::vector<int64_t> &shape, int64_t *numel,
       return false;
   }
   int64_t b;
-  if (__builtin_mul_overflow(n, int64_t(dtype_size(t)), &b))
+  if (__builtin_mul_overflow(n, int64_t(dtype_bits(t)), &b))
     return false;
   *numel = n;
-  *bytes = b;
+  *bytes = b / 8 + (b % 8 != 0); // dtype_bytes, without overflow
   return true;
 }
 

@@ -43,7 +43,8 @@ namespace flashopt::host::safetensors {
 const char *dtype_name(DType t);
 std::optional<DType> parse_dtype(std::string_view name);
 
-/// One tensor to write; `data` points at prod(shape) * dtype_size bytes.
+/// One tensor to write; `data` points at dtype_bytes(dtype, prod(shape))
+/// bytes.
 struct TensorRef {
   std::string name;
   DType dtype = DType::F32;

@@ -215,6 +215,12 @@ Expected<Prepared> prepare(const std::vector<TensorRef> &tensors,
                            tw + "the name is used by more than one tensor");
     if (!parse_dtype(safetensors::dtype_name(t.dtype)))
       return Status::error(Code::InvalidArgument, tw + "unsupported dtype");
+    // A safetensors dtype has whole bytes per element: the packed 4-bit
+    // codes are written as their container, U8 [ceil(n / 2)].
+    if (abi::dtype_is_packed(t.dtype))
+      return Status::error(Code::InvalidArgument,
+                           tw + "dtype " + abi::dtype_name(t.dtype) +
+                               " is packed: write its bytes as U8");
     int64_t numel, bytes;
     for (size_t d = 0; d < t.shape.size(); ++d)
       if (t.shape[d] < 0)

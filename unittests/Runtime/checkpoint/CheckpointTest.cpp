@@ -115,7 +115,7 @@ struct Run {
   static std::vector<uint8_t> fill(std::mt19937 &rng,
                                    std::normal_distribution<float> &d,
                                    int64_t n, DType t, float scale) {
-    std::vector<uint8_t> out(size_t(n) * host::dtype_size(t));
+    std::vector<uint8_t> out(size_t(host::dtype_bytes(t, uint64_t(n))));
     for (int64_t k = 0; k < n; ++k) {
       float x = scale * d(rng);
       if (t == DType::F32) {

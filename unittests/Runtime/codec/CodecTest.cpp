@@ -20,6 +20,7 @@
 
 #include "codec/Codec.h"
 
+#include "flashopt/abi/Minifloat.h"
 #include "flashopt/host/Float16.h"
 #include "flashopt_reference.h"
 
@@ -37,6 +38,7 @@
 using flashopt::host::DType;
 namespace codec = flashopt::host::codec;
 namespace ref = flashopt::ref;
+namespace abi = flashopt::abi;
 
 namespace {
 
@@ -624,7 +626,7 @@ std::vector<float> quantData(int64_t n, const QuantConfig &c, uint32_t seed) {
 }
 
 void compareWithReference(const std::vector<float> &x, const QuantConfig &c) {
-  CAPTURE(c.compand);
+  CAPTURE(std::string(c.compand));
   CAPTURE(name(c.code));
   CAPTURE(name(c.scale));
   CAPTURE(c.group);
@@ -791,7 +793,7 @@ TEST_CASE("quantize / dequantize: accuracy on random data") {
 
 TEST_CASE("quantize / dequantize: zero groups stay exactly zero") {
   for (const QuantConfig &c : allQuantConfigs()) {
-    CAPTURE(c.compand);
+    CAPTURE(std::string(c.compand));
     CAPTURE(name(c.code));
     CAPTURE(name(c.scale));
     std::vector<float> x(70, 0.0f);
@@ -834,7 +836,7 @@ TEST_CASE("quantize / dequantize: NaN and Inf poison only their group") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   for (const QuantConfig &c : allQuantConfigs()) {
-    CAPTURE(c.compand);
+    CAPTURE(std::string(c.compand));
     CAPTURE(name(c.code));
     CAPTURE(name(c.scale));
     std::vector<float> x(96);
@@ -913,7 +915,7 @@ TEST_CASE("minifloat codes: decoded values encode back to themselves") {
   for (const QuantConfig &c : allQuantConfigs()) {
     if (c.compand != "e3m4" && c.compand != "e4m4")
       continue;
-    CAPTURE(c.compand);
+    CAPTURE(std::string(c.compand));
     CAPTURE(name(c.scale));
     std::vector<float> x = quantData(4097, c, 17);
     Quantized q = quantizeAll(x, c);
@@ -930,4 +932,183 @@ TEST_CASE("minifloat codes: decoded values encode back to themselves") {
   CHECK_FALSE(codec::valid_quant_encoding(DType::U8, DType::BF16, "e3m4", 32));
   CHECK_FALSE(codec::valid_quant_encoding(DType::I8, DType::BF16, "e4m4", 32));
   CHECK(codec::valid_quant_encoding(DType::I8, DType::BF16, "e3m4", 32));
+}
+
+//===----------------------------------------------------------------------===//
+// 4-bit codes (packed i4/ui4, docs/design/4bit-states.md §6 "The codec")
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+struct Code4 {
+  const char *compand;
+  DType code;
+};
+const Code4 kCodes4[] = {{"e2m1", DType::I4},
+                         {"e3m0", DType::I4},
+                         {"e3m1", DType::U4},
+                         {"e4m0", DType::U4}};
+
+/// The codes of a packed buffer, one per element (independent of the
+/// codec: the even element in the low nibble, signed nibbles two's
+/// complement).
+int32_t nibbleAt(const std::vector<uint8_t> &bytes, DType t, size_t i) {
+  int32_t nib = (bytes[i / 2] >> (i % 2 ? 4 : 0)) & 15;
+  return t == DType::I4 && nib >= 8 ? nib - 16 : nib;
+}
+
+std::vector<float> decode4(const std::vector<uint8_t> &codes, DType code,
+                           const std::vector<uint8_t> &scales, DType scale,
+                           const char *compand, int64_t group, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  codec::dequantize(codes.data(), code, scales.data(), scale, compand, group,
+                    n, out.data());
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("4-bit codes: valid encodings are a minifloat of the code's width "
+          "and signedness") {
+  for (DType scale : {DType::F16, DType::BF16, DType::F32})
+    for (const Code4 &c : kCodes4)
+      CHECK(codec::valid_quant_encoding(c.code, scale, c.compand, 32));
+  CHECK_FALSE(codec::valid_quant_encoding(DType::U4, DType::BF16, "e2m1", 32));
+  CHECK_FALSE(codec::valid_quant_encoding(DType::I4, DType::BF16, "e3m1", 32));
+  CHECK_FALSE(codec::valid_quant_encoding(DType::I8, DType::BF16, "e2m1", 32));
+  CHECK_FALSE(codec::valid_quant_encoding(DType::U8, DType::BF16, "e4m0", 32));
+  CHECK_FALSE(codec::valid_quant_encoding(DType::I4, DType::BF16, "e3m4", 32));
+  CHECK_FALSE(codec::valid_quant_encoding(DType::U4, DType::BF16, "e4m4", 32));
+  for (const char *linear : {"none", "softsign", "sqrt"}) {
+    CHECK_FALSE(codec::valid_quant_encoding(DType::I4, DType::BF16, linear, 32));
+    CHECK_FALSE(codec::valid_quant_encoding(DType::U4, DType::BF16, linear, 32));
+  }
+}
+
+TEST_CASE("4-bit codes: every code decodes to its formula value times the "
+          "scale and encodes back to itself") {
+  // Groups of 16 elements, element k holding nibble k, each group at its
+  // own power-of-two scale: the 16 codes of every format at three scales.
+  const int64_t G = 16;
+  const float kScales[] = {1.0f, 0.125f, 32.0f};
+  for (const Code4 &c : kCodes4)
+    for (DType scale : {DType::BF16, DType::F16, DType::F32}) {
+      CAPTURE(std::string(c.compand));
+      CAPTURE(int(scale));
+      const abi::MinifloatFormat f = *abi::minifloat_format(c.compand);
+      REQUIRE(f.codeBits() == 4);
+      const int64_t n = G * 3;
+      std::vector<uint8_t> codes(size_t(n / 2));
+      for (int64_t i = 0; i < n; i += 2)
+        codes[size_t(i / 2)] = uint8_t((i % G) | (((i + 1) % G) << 4));
+      std::vector<uint8_t> scales(size_t(3 * 4));
+      for (int g = 0; g < 3; ++g) {
+        if (scale == DType::F32)
+          std::memcpy(scales.data() + 4 * g, &kScales[g], 4);
+        else {
+          uint16_t h = scale == DType::BF16 ? flashopt::host::f32_to_bf16(kScales[g])
+                                            : flashopt::host::f32_to_f16(kScales[g]);
+          std::memcpy(scales.data() + 2 * g, &h, 2);
+        }
+      }
+      std::vector<float> d =
+          decode4(codes, c.code, scales, scale, c.compand, G, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t q = nibbleAt(codes, c.code, size_t(i));
+        CAPTURE(q);
+        // Signed nibbles are two's complement: 8..15 are -8..-1; -8 is
+        // never written but decodes by the formula too.
+        CHECK(q == (c.code == DType::I4 && i % G >= 8 ? i % G - 16 : i % G));
+        const int32_t mag = q < 0 ? -q : q;
+        const float v = float(f.value(mag)) * kScales[i / G];
+        CHECK(sameFloat(d[size_t(i)], q < 0 ? -v : v));
+      }
+      // Every code the encoder writes (-7..7 signed, 0..15 unsigned)
+      // encodes back to itself from its decoded value: groups of the
+      // written codes, the top code in each (so the scale is the same).
+      std::vector<int32_t> written;
+      for (int32_t q = c.code == DType::I4 ? -f.topCode() : 0;
+           q <= f.topCode(); ++q)
+        written.push_back(q);
+      REQUIRE(written.size() == (c.code == DType::I4 ? 15u : 16u));
+      const int64_t m = int64_t(written.size());
+      std::vector<float> x;
+      for (float s : kScales)
+        for (int32_t q : written) {
+          const float v = float(f.value(q < 0 ? -q : q)) * s;
+          x.push_back(q < 0 ? -v : v);
+        }
+      const int64_t nx = int64_t(x.size());
+      std::vector<uint8_t> back(size_t(nx / 2 + 1), 0xFF), bs(12, 0);
+      codec::quantize(x.data(), nx, m, c.compand, back.data(), c.code,
+                      bs.data(), scale);
+      for (int64_t i = 0; i < nx; ++i) {
+        CAPTURE(i);
+        CHECK(nibbleAt(back, c.code, size_t(i)) == written[size_t(i % m)]);
+      }
+      if (nx % 2)
+        CHECK((back[size_t(nx / 2)] >> 4) == 0); // the pad nibble
+      std::vector<float> again =
+          decode4(back, c.code, bs, scale, c.compand, m, nx);
+      for (int64_t i = 0; i < nx; ++i)
+        CHECK(sameFloat(again[size_t(i)], x[size_t(i)]));
+    }
+}
+
+TEST_CASE("4-bit codes: the f32 form of a packed state round-trips, and an "
+          "odd length's pad nibble stays 0") {
+  std::mt19937 rng(42);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const Code4 &c : kCodes4)
+    for (int64_t n : {int64_t(1), int64_t(2), int64_t(33), int64_t(64),
+                      int64_t(4097)}) {
+      CAPTURE(std::string(c.compand));
+      CAPTURE(n);
+      abi::StateSpec s;
+      s.name = "exp_avg";
+      s.kind = abi::StateKind::Quantized;
+      s.storage = c.code;
+      s.group = 32;
+      s.compand = c.compand;
+      s.scale = DType::BF16;
+      const bool isSigned = c.code == DType::I4;
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float &v : x) {
+        v = normal(rng) * 1e-3f;
+        v = isSigned ? v : v * v;
+      }
+      const size_t bytes = size_t(abi::dtype_bytes(c.code, uint64_t(n)));
+      CHECK(bytes == size_t((n + 1) / 2));
+      const int64_t ng = (n + 31) / 32;
+      // Canaries: bytes past the end, and every nibble pre-set, so a pad
+      // nibble left as it was shows.
+      std::vector<uint8_t> codes(bytes + 4, 0xAB), scales(size_t(2 * ng) + 4, 0xCD);
+      codec::encode_state(s, x.data(), 32, n, {codes.data(), scales.data()});
+      for (size_t k = bytes; k < codes.size(); ++k)
+        CHECK(codes[k] == 0xAB);
+      for (size_t k = size_t(2 * ng); k < scales.size(); ++k)
+        CHECK(scales[k] == 0xCD);
+      if (n % 2)
+        CHECK((codes[bytes - 1] >> 4) == 0);
+      std::vector<float> d(static_cast<size_t>(n));
+      codec::decode_state(s, {codes.data(), scales.data()}, 32, n, d.data());
+      // The decoded values (the f32 form: export_state_f32, a checkpoint's)
+      // encode back to the same values: a group whose decoded absmax fell
+      // an octave takes half the scale and its codes move one octave of
+      // the same grid, and from then on the bytes are fixed.
+      std::vector<uint8_t> codes2(bytes, 0x5A), scales2(size_t(2 * ng), 0);
+      codec::encode_state(s, d.data(), 32, n, {codes2.data(), scales2.data()});
+      if (n % 2)
+        CHECK((codes2[bytes - 1] >> 4) == 0);
+      std::vector<float> d2(static_cast<size_t>(n));
+      codec::decode_state(s, {codes2.data(), scales2.data()}, 32, n, d2.data());
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i)
+        differ += !sameFloat(d[size_t(i)], d2[size_t(i)]);
+      CHECK(differ == 0);
+      std::vector<uint8_t> codes3(bytes, 0xA5), scales3(size_t(2 * ng), 0);
+      codec::encode_state(s, d2.data(), 32, n, {codes3.data(), scales3.data()});
+      CHECK(std::memcmp(codes3.data(), codes2.data(), bytes) == 0);
+      CHECK(std::memcmp(scales3.data(), scales2.data(), size_t(2 * ng)) == 0);
+    }
 }

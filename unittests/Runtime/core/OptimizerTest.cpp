@@ -14,6 +14,7 @@
 
 #include "RuntimeTestSupport.h"
 
+#include <algorithm>
 #include <cmath>
 
 using namespace flashopt::testing;
@@ -100,7 +101,7 @@ TEST_CASE("per-group buffers get their own 64-entry aligned, zeroed slices") {
                            "exp_avg_sq.codes", "exp_avg_sq.scales"}) {
     int b = opt->manifest().buffer_index(name);
     REQUIRE(b >= 0);
-    int width = dtype_size(opt->manifest().buffers[size_t(b)].dtype);
+    int width = dtype_bits(opt->manifest().buffers[size_t(b)].dtype) / 8;
     uintptr_t base = uintptr_t(opt->table()[size_t(4 + b)]);
     int64_t prevEnd = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -275,6 +276,75 @@ TEST_CASE("bytes report: exact sizes by category, per-param as the manifest") {
   REQUIRE(a->add_param(0, sp.data(), 33, sg.data()).ok());
   r = a->bytes();
   CHECK(r.states == 2 * (n + 33) + 2 * 2 * (n / 32 + 2));
+}
+
+TEST_CASE("4-bit states: packed buffers, 32-byte slices, the pad nibble and "
+          "the bytes report") {
+  // docs/design/4bit-states.md §1/§6: AdamW bf16 + i8 with i4 e2m1 and ui4
+  // e3m1 codes, bf16 scales, G = 32 (a scratch bundle: nothing steps).
+  auto a = makeOptimizer({}, makeBundle("adamw_4bit_bytes",
+                                        adamw4bitLikeManifest()));
+  const int64_t n = 1 << 20; // a multiple of G: per-param is exact
+  std::vector<uint16_t> bp(static_cast<size_t>(n)), bg(static_cast<size_t>(n));
+  REQUIRE(a->add_param(0, bp.data(), n, bg.data()).ok());
+  BytesReport r = a->bytes();
+  CHECK(r.param == 2 * n);
+  CHECK(r.correction == n);
+  CHECK(r.grad == 2 * n);
+  CHECK(r.states == 2 * (n / 2) + 2 * 2 * (n / 32));
+  CHECK(r.per_param.states == 1.125);
+  CHECK(r.per_param.total == 6.125);
+  CHECK(r.per_param.total_with_grad_release == 4.125);
+  CHECK(r.per_param.total == a->manifest().bytes_per_param.total);
+  // Odd tensors: ceil(n / 2) bytes of codes each (the pad nibble's byte).
+  const std::vector<int64_t> sizes = {1, 33, 64, 4097};
+  std::vector<std::vector<uint16_t>> ps, gs;
+  for (int64_t k : sizes) {
+    ps.emplace_back(size_t(k), uint16_t(0x3F80));
+    gs.emplace_back(size_t(k), uint16_t(0));
+    REQUIRE(a->add_param(0, ps.back().data(), k, gs.back().data()).ok());
+  }
+  r = a->bytes();
+  CHECK(r.states == 2 * (n / 2 + 1 + 17 + 32 + 2049) +
+                        2 * 2 * (n / 32 + 1 + 2 + 2 + 129));
+  REQUIRE(a->allocate().ok());
+  const int64_t R = a->manifest().record_words;
+  for (const char *name : {"exp_avg.codes", "exp_avg_sq.codes"}) {
+    CAPTURE(name);
+    const int b = a->manifest().buffer_index(name);
+    REQUIRE(b >= 0);
+    CHECK(dtype_is_packed(a->manifest().buffers[size_t(b)].dtype));
+    const uintptr_t base = uintptr_t(a->table()[size_t(4 + b)]);
+    int64_t prevEnd = 0;
+    for (size_t i = 0; i <= sizes.size(); ++i) {
+      const int64_t numel = i == 0 ? n : sizes[i - 1];
+      CAPTURE(numel);
+      auto v = a->buffer(int64_t(i), name);
+      REQUIRE(v.ok());
+      CHECK(v->count == numel);
+      CHECK(v->bytes == (numel + 1) / 2);
+      // 64-element slices: 32 bytes of nibbles, never overlapping.
+      const uintptr_t at = uintptr_t(a->table()[i * size_t(R) + size_t(4 + b)]);
+      CHECK(at == uintptr_t(v->data));
+      CHECK(at % 32 == 0);
+      const int64_t entry = int64_t(at - base) * 2;
+      CHECK(entry % 64 == 0);
+      CHECK(entry >= prevEnd);
+      prevEnd = entry + numel;
+      // write_buffer stores the pad nibble of an odd length as 0.
+      std::vector<uint8_t> ones(size_t(v->bytes), 0xFF);
+      REQUIRE(a->write_buffer(int64_t(i), name, ones.data(), v->bytes).ok());
+      auto back = a->read_buffer(int64_t(i), name);
+      REQUIRE(back.ok());
+      REQUIRE(back->size() == size_t(v->bytes));
+      CHECK(std::count(back->begin(), back->end() - 1, uint8_t(0xFF)) ==
+            int64_t(back->size()) - 1);
+      CHECK(back->back() == (numel % 2 ? 0x0F : 0xFF));
+      CHECK_FALSE(a->write_buffer(int64_t(i), name, ones.data(), v->bytes + 1)
+                      .ok());
+    }
+  }
+  CHECK(a->bytes().runtime_allocated >= a->bytes().states + a->bytes().correction);
 }
 
 TEST_CASE("grads are re-pointed between steps and errors leave t unchanged") {

@@ -187,7 +187,7 @@ TEST_CASE("write_file / File::read: every dtype, shapes and metadata round "
     for (int64_t d : t.shape)
       numel *= d;
     CHECK(st->numel == numel);
-    CHECK(st->bytes == numel * dtype_size(t.dtype));
+    CHECK(st->bytes == int64_t(dtype_bytes(t.dtype, uint64_t(numel))));
     if (st->bytes > 0)
       CHECK(std::memcmp(st->data, t.data, size_t(st->bytes)) == 0);
   }
@@ -745,7 +745,7 @@ TEST_CASE("python interop" * doctest::skip()) {
     for (int64_t x : t.shape)
       numel *= x;
     CHECK(st->numel == numel);
-    REQUIRE(st->bytes == numel * dtype_size(t.dtype));
+    REQUIRE(st->bytes == int64_t(dtype_bytes(t.dtype, uint64_t(numel))));
     if (st->bytes > 0)
       CHECK(std::memcmp(st->data, t.data, size_t(st->bytes)) == 0);
   }

@@ -38,9 +38,6 @@ inline uint64_t dtype_bytes(DType t, uint64_t count) {
 }
 /// Whether elements are packed below a byte (i4, ui4).
 inline bool dtype_is_packed(DType t) { return dtype_bits(t) < 8; }
-/// Bytes per element of a byte-addressable dtype (0 for the packed codes:
-/// use dtype_bytes).
-int dtype_size(DType t);
 /// "BF16", "F16", "F32", "I8", "U8", "I16" (the safetensors spelling).
 const char *dtype_safetensors_name(DType t);
 /// Parses a safetensors dtype name (only the ones above).

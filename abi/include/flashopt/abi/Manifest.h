@@ -65,7 +65,9 @@ const char *state_kind_name(StateKind k);
 std::optional<StateKind> parse_state_kind(std::string_view name);
 
 /// The companders of quantized states: "none", "softsign", "sqrt" (linear
-/// codes) and "e3m4", "e4m4" (minifloat codes, abi/Minifloat.h).
+/// 8-bit codes), "e3m4", "e4m4" (8-bit minifloat codes) and "e2m1", "e3m0",
+/// "e3m1", "e4m0" (4-bit minifloat codes, packed i4/ui4 storage;
+/// abi/Minifloat.h).
 const std::vector<std::string> &known_companders();
 
 struct StateSpec {

@@ -28,7 +28,9 @@ using abi::Status;
 
 using abi::DType;
 using abi::dtype_name;
-using abi::dtype_size;
+using abi::dtype_bits;
+using abi::dtype_bytes;
+using abi::dtype_is_packed;
 using abi::parse_dtype;
 
 using abi::BufferRole;

@@ -47,7 +47,7 @@ struct BufferView {
   DType dtype = DType::F32;
   Per per = Per::Element;
   int64_t count = 0; ///< elements (per-element) or groups (per-group)
-  int64_t bytes = 0; ///< count * dtype_size
+  int64_t bytes = 0; ///< dtype_bytes(dtype, count)
   bool runtime_owned = false;
 };
 
