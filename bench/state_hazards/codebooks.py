@@ -22,6 +22,24 @@ Adam (float64 here) on five patterns:
 
     .venv/bin/python bench/state_hazards/codebooks.py            # every candidate
     .venv/bin/python bench/state_hazards/codebooks.py "softsign (bf16 scale)/e4m4 (ships)"
+
+--bits 4 (docs/design/4bit-states.md §3.4, docs/NUMERICS.md §8.6): 4-bit codes for m
+(e2m1, e3m0, Li et al.'s DE map rounded to nearest as torchao does, or dithered) and v
+(e3m1, e4m0 zero-free; torchao's linear zero-free map, rounded to nearest) with
+groups of G = 32, 64, 128; minifloat scales are bf16 powers of two (§2d) unless a row
+says otherwise, table codes scale by the f32 absmax. Each state dithers with its own
+stream (12367 i + H(t + k 0x9E3779B9), k = 0 for m, 1 for v), Adam's bound applies
+as above. The scenarios keep their layout in units of 32 elements, except absent
+tokens (rows of 128) and stopped weights (scales per 128): a group never straddles
+two rows or two scales. Absent tokens run at the design's beta2 0.99, 0.999, 0.9999;
+the stopped and SGD bars are 3x fp32's move or fp32's + lr (design §8 T2); NMSE over
+three seeds, and with one scale for every element; the rare-input MLP of compare.py
+(this file's Adam, tensors padded to groups of 128). Plus the shipped 8-bit row,
+e2m1/e3m1 with the 8-bit dither (shared hash, v at phase 0.2113), round-to-nearest
+rows, a torchao-AdamW4bit-like row, and rows whose scales are f32 absmax/top.
+
+    .venv/bin/python bench/state_hazards/codebooks.py --bits 4    # ~8 min
+    .venv/bin/python bench/state_hazards/codebooks.py --bits 4 "e2m1/e3m1, G 32"
 """
 import sys
 
@@ -64,12 +82,16 @@ def step_hash(t):
     return x >> 18
 
 
-def dither(n, t, phase=0, B=None):
+def dither(n, t, phase=0, B=None, stream=None):
     """The element offsets of step t: h = (12367 i + H(t) + phase) mod 2^14 (the
     shipped dither), or with B a rotation in time, 12367 i + B t (the first
-    bounded numerics': B = 10125)."""
+    bounded numerics': B = 10125); with a stream k (the 4-bit states'),
+    12367 i + H(t + k 0x9E3779B9)."""
     i = np.arange(n, dtype=np.int64)
-    time = step_hash(t) if B is None else t * B
+    if stream is not None:
+        time = step_hash((t + stream * 0x9E3779B9) & 0xFFFFFFFF)
+    else:
+        time = step_hash(t) if B is None else t * B
     return ((i * 12367 + time + phase) & 0x3FFF) / 16384.0
 
 
@@ -137,6 +159,8 @@ class Minifloat:
             st = np.ldexp(np.float32(1), np.clip(e, -126, self.emax + 22)).astype(np.float32)
         elif self.stype == "bf16":
             st = np.maximum(bf16_ru(a * np.float32(1 / self.top)), np.float32(2.0 ** -126))
+        elif self.stype == "f32":  # not rounded: absmax / top
+            st = np.maximum(a / np.float32(self.top), np.float32(2.0 ** -126)).astype(np.float32)
         else:
             st = np.maximum(f16_ru(a * np.float32(1 / self.top)), np.float32(2.0 ** -14))
         r = (np.abs(x) * (np.float32(1) / st)[:, None]).astype(np.float32)
@@ -151,18 +175,54 @@ class Minifloat:
         return (np.where(x < 0, -q, q) if self.signed else q), st
 
 
+class Table:
+    """A general 16-entry codebook (Li et al.'s DE map, torchao's linear v):
+    scale = the group's absmax (f32), r = x / scale, rounded between the
+    adjacent entries c_k <= r < c_k+1: up where (r - c_k)/(c_k+1 - c_k) + u >= 1
+    (the fraction clamped to [0, 1] at the table's ends)."""
+
+    def __init__(self, vals):
+        self.vals = np.array(sorted(vals))
+
+    def decode(self, q, s):
+        return self.vals[q.astype(np.int64)] * s[:, None]
+
+    def encode(self, x, u):
+        x = x.astype(np.float32)
+        st = np.maximum(np.abs(x).max(1), np.float32(1e-30))
+        r = x / st[:, None]
+        T = self.vals
+        k = np.clip(np.searchsorted(T, r, "right") - 1, 0, len(T) - 2)
+        phi = np.clip((r - T[k]) / (T[k + 1] - T[k]), 0, 1)
+        return k + (phi + u >= 1), st
+
+
+class Nearest:
+    """Round to nearest (ties down) in place of the dither."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def decode(self, q, s):
+        return self.code.decode(q, s)
+
+    def encode(self, x, u):
+        return self.code.encode(x, np.full(u.shape, 8191 / 16384))
+
+
 class State:
-    def __init__(self, n, code, phase):
-        self.code, self.phase, self.ng = code, phase, n // G
-        self.q = np.zeros((self.ng, G))
+    def __init__(self, n, code, phase, g=G, stream=None):
+        self.code, self.phase, self.g, self.stream = code, phase, g, stream
+        self.ng = n // g
+        self.q = np.zeros((self.ng, g))
         self.s = np.zeros(self.ng, np.float32)
 
     def get(self):
         return self.code.decode(self.q, self.s).reshape(-1)
 
     def set(self, x, t, B):
-        u = dither(self.ng * G, t, self.phase, B).reshape(self.ng, G)
-        self.q, self.s = self.code.encode(x.reshape(self.ng, G), u)
+        u = dither(self.ng * self.g, t, self.phase, B, self.stream).reshape(self.ng, self.g)
+        self.q, self.s = self.code.encode(x.reshape(self.ng, self.g), u)
 
 
 class Plain:
@@ -182,11 +242,13 @@ class Adam:
 
     def __init__(self, n, cand, b1=0.9, b2=0.999, eps=1e-8):
         self.b1, self.b2, self.eps, self.t, self.c = b1, b2, eps, 0, cand
+        self.clamped = self.total = 0
         if cand is None:
             self.m, self.v, self.B = Plain(n), Plain(n), None
         else:
-            self.m = State(n, cand["m"](), 0)
-            self.v = State(n, cand["v"](), cand.get("phase", 0))
+            g, st = cand.get("G", G), cand.get("streams")
+            self.m = State(n, cand["m"](), 0, g, 0 if st else None)
+            self.v = State(n, cand["v"](), cand.get("phase", 0), g, 1 if st else None)
             self.B = cand.get("B")
 
     def step(self, g):
@@ -196,17 +258,19 @@ class Adam:
         vn = b2 * self.v.get() + (1 - b2) * g * g
         bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
         upd = LR * (mn / bc1) / (np.sqrt(vn / bc2) + self.eps)
-        if self.c is not None:
+        if self.c is not None and not self.c.get("no_bound"):
             r = b1 * b1 / b2
             K = ((1 - b1) ** 2 * ((1 - r ** t) / (1 - r)) / (1 - b2)) ** 0.5
             bound = LR * 1.00390625 * K * bc2 ** 0.5 / bc1
+            self.clamped += int((np.abs(upd) > bound).sum())
+            self.total += upd.size
             upd = np.clip(upd, -bound, bound)
         self.m.set(mn, t, self.B)
         self.v.set(vn, t, self.B)
         return upd
 
 
-def outlier(c, seed=0):
+def outlier(c, seed=0, info=None):
     rng = np.random.default_rng(seed)
     n = 256 * G
     big = np.zeros(n, bool)
@@ -218,13 +282,15 @@ def outlier(c, seed=0):
         pr -= ref.step(g)
         pq -= q.step(g)
     s = ~big
+    if info is not None:
+        info["outlier"] = q.clamped / max(q.total, 1)
     return pq[s].mean() / LR, np.abs(pq[s]).max() / np.abs(pr[s]).max()
 
 
-def absent(c, b2, seed=0):
+def absent(c, b2, seed=0, width=64):
     rng = np.random.default_rng(seed)
     n = 64 * 64
-    odd = (np.arange(n) // 64) % 2 == 1
+    odd = (np.arange(n) // width) % 2 == 1
     steps = int(min(3000, np.ceil(np.log(1e-6) / np.log(b2))))
     ref, q = Adam(n, None, b2=b2), Adam(n, c, b2=b2)
     for t in range(200 + steps):
@@ -259,12 +325,12 @@ def small(c, seed=0):
     return np.abs(pq[s]).max() / LR, np.abs(pr[s]).max() / LR
 
 
-def stopped(c, seed=0):
+def stopped(c, seed=0, block=G, factor=2):
     rng = np.random.default_rng(seed)
     n = 256 * G
     stop = np.zeros(n, bool)
     stop[::G] = True
-    sc = (10 ** rng.uniform(-3, 0, 256)).repeat(G)
+    sc = (10 ** rng.uniform(-3, 0, n // block)).repeat(block)
     ref, q = Adam(n, None), Adam(n, c)
     pr, pq = np.zeros(n), np.zeros(n)
     for t in range(1200):
@@ -276,19 +342,20 @@ def stopped(c, seed=0):
             pr -= r
             pq -= qq
     rat = np.abs(pq[stop]) / np.maximum(np.abs(pr[stop]), 1e-12)
-    over = np.abs(pq[stop]) - np.maximum(2 * np.abs(pr[stop]), np.abs(pr[stop]) + LR)
+    over = np.abs(pq[stop]) - np.maximum(factor * np.abs(pr[stop]), np.abs(pr[stop]) + LR)
     return np.median(rat), rat.max(), over.max() <= 0
 
 
-def sgd_stopped(c, seed=0, lr=1e-2, mu=0.9):
+def sgd_stopped(c, seed=0, lr=1e-2, mu=0.9, factors=None):
     """SGD momentum (0.9, lr 1e-2), the m code of c: 256 weights (one per two
     groups) stop after 200 steps; how many then move farther than max(2x
-    fp32's move, fp32's + lr) over 1000 steps (the bar of the kernels' test)."""
+    fp32's move, fp32's + lr) over 1000 steps (the bar of the kernels' test);
+    with factors, the counts over max(f x fp32's move, fp32's + lr) for each f."""
     rng = np.random.default_rng(seed)
     n = 16384
     stop = np.zeros(n, bool)
     stop[::64] = True
-    st = State(n, c["m"](), 0)
+    st = State(n, c["m"](), 0, c.get("G", G), 0 if c.get("streams") else None)
     m32, p32, pq = np.zeros(n), np.zeros(n), np.zeros(n)
     for t in range(1, 1201):
         g = rng.standard_normal(n)
@@ -301,19 +368,23 @@ def sgd_stopped(c, seed=0, lr=1e-2, mu=0.9):
             pq -= lr * mq
         st.set(mq, t, c.get("B"))
     r, f = np.abs(pq[stop]), np.abs(p32[stop])
+    if factors is not None:
+        return tuple(int((r > np.maximum(k * f, f + lr)).sum()) for k in factors)
     return int((r > np.maximum(2 * f, f + lr)).sum())
 
 
-def noise(c, seed=0):
+def noise(c, seed=0, info=None, spread=3):
     rng = np.random.default_rng(seed)
     n = 4096
-    sc = np.exp(rng.uniform(-3, 0, n))
+    sc = np.exp(rng.uniform(-spread, 0, n))
     ref, q = Adam(n, None), Adam(n, c)
     tr = tq = 0
     for _ in range(300):
         g = sc * rng.standard_normal(n) + 0.1 * sc
         tr = tr + ref.step(g)
         tq = tq + q.step(g)
+    if info is not None:
+        info["noise"] = q.clamped / max(q.total, 1)
     return ((tq - tr) ** 2).sum() / (tr ** 2).sum()
 
 
@@ -370,5 +441,147 @@ def main(names):
               f"{sgd_stopped(c)} | {noise(c):.1e} |", flush=True)
 
 
+# ---- 4-bit states (docs/design/4bit-states.md §3.4; docs/NUMERICS.md §8.6) ----
+
+# Li et al.'s dynamic-exponent map, torchao's create_dynamic_map(True, 3, 4)
+DE = [0.0, 1.0] + [s * x for x in (.0055, .0325, .0775, .2125, .4375, .6625, .8875)
+                   for s in (1, -1)]
+LINEAR_ZF = [k / 16 for k in range(1, 17)]  # torchao's 4-bit v: linspace(0, 1, 17)[1:]
+M4 = {
+    "e2m1": mf(2, 1, True, sub=True),
+    "e3m0": mf(3, 0, True, sub=True),  # M = 0: dithered between 0 and 2^-6 as §2d's bits
+    "DE": lambda: Nearest(Table(DE)),
+    "DE dithered": lambda: Table(DE),
+}
+V4 = {
+    "e3m1": mf(3, 1, False, True, sub=True),
+    "e4m0": mf(4, 0, False, True, sub=True),
+    "linear-zf": lambda: Nearest(Table(LINEAR_ZF)),
+}
+BETA2_4 = (0.99, 0.999, 0.9999)  # design §8 T2's
+
+
+def cands4():
+    c = {"8-bit: softsign (bf16 scale)/e4m4 (ships), G 32":
+         dict(CANDIDATES["softsign (bf16 scale)/e4m4 (ships)"])}
+    for g in (32, 64, 128):
+        for mn, m in M4.items():
+            for vn, v in V4.items():
+                c[f"{mn}/{vn}, G {g}"] = dict(m=m, v=v, G=g, streams=True)
+    c["e2m1/e3m1, G 32, shared hash + 0.2113 phase"] = dict(m=M4["e2m1"], v=V4["e3m1"],
+                                                            G=32, phase=PHASE)
+    for mn, vn in (("e2m1", "e3m1"), ("e3m0", "e4m0")):
+        c[f"{mn}/{vn}, G 32, round to nearest"] = dict(
+            m=lambda m=M4[mn]: Nearest(m()), v=lambda v=V4[vn]: Nearest(v()), G=32)
+    c["torchao AdamW4bit-like: DE/linear-zf, G 128, no bound"] = dict(
+        m=M4["DE"], v=V4["linear-zf"], G=128, no_bound=True)
+    # not a design candidate: v's scale f32 absmax/top (not a power of two), so a
+    # group's decay is carried by the scale instead of the dithered codes
+    f32v, f32m = mf(3, 1, False, True, "f32", sub=True), mf(3, 0, True, stype="f32", sub=True)
+    for mn in ("e2m1", "e3m0"):
+        c[f"{mn}/e3m1 (v: f32 scale), G 32"] = dict(m=M4[mn], v=f32v, G=32, streams=True)
+    for g in (32, 64, 128):
+        c[f"e3m0/e3m1 (both f32 scales), G {g}"] = dict(m=f32m, v=f32v, G=g, streams=True)
+    return c
+
+
+_RARE = {}
+
+
+def rare(c, steps=400, lr=1e-3, wd=1e-2):
+    """compare.py's rare-input MLP (digits, 64-256-10, AdamW lr 1e-3, decay 1e-2,
+    400 steps of 64) with this file's Adam (each tensor padded to whole groups of
+    128): the largest first-layer move and the test loss."""
+    import torch
+    from sklearn.datasets import load_digits
+    from torch import nn
+    torch.set_num_threads(1)
+    if "data" not in _RARE:
+        d = load_digits()
+        _RARE["data"] = (torch.tensor(d.images, dtype=torch.float32).flatten(1) / 16.0,
+                         torch.tensor(d.target))
+    X, Y = _RARE["data"]
+    perm = torch.randperm(len(Y), generator=torch.Generator().manual_seed(0))
+    tr, te = perm[:1400], perm[1400:]
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    w0 = model[0].weight.detach().clone()
+    ps = list(model.parameters())
+    pad = [-(-p.numel() // 128) * 128 for p in ps]
+    opts = [Adam(n, c) for n in pad]
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        idx = tr[torch.randint(0, len(tr), (64,), generator=gen)]
+        for p in ps:
+            p.grad = None
+        nn.functional.cross_entropy(model(X[idx]), Y[idx]).backward()
+        with torch.no_grad():
+            for p, n, o in zip(ps, pad, opts):
+                g = np.zeros(n)
+                g[:p.numel()] = p.grad.double().numpy().reshape(-1)
+                u = o.step(g)[:p.numel()].reshape(p.shape)
+                p.mul_(1 - lr * wd).sub_(torch.from_numpy(u).float())
+    with torch.no_grad():
+        loss = float(nn.functional.cross_entropy(model(X[te]), Y[te]))
+    return float((model[0].weight.detach() - w0).abs().max()), loss
+
+
+def bars4(od, om, ab, smed, smax, sok, sgd3):
+    """The design's §8 T2 bars that fail."""
+    f = []
+    if abs(od) > 5 or om > 3:
+        f.append("outlier")
+    if any(not (0.8 <= x <= 1.25) for vu in ab for x in vu):
+        f.append("absent")
+    if not (0.8 <= smed <= 1.25) or not sok:
+        f.append("stopped")
+    if sgd3:
+        f.append("SGD")
+    return f
+
+
+def main4(names, seeds=(0, 1, 2)):
+    cands = cands4()
+    rw, rl = rare(None)
+    print(f"fp32 (this file's Adam, float64 states) on the rare-input MLP: largest "
+          f"first-layer move {rw:.3g}, test loss {rl:.4f}")
+    print("| candidate | outlier drift (lr) | outlier max / fp32 | absent v, upd / fp32 "
+          "(b2 .99) | (b2 .999) | (b2 .9999) | small max (lr; fp32) | stopped median, "
+          "max x fp32 (bar) | SGD stopped over the bar (3x; 2x) | noise NMSE (seeds "
+          f"{', '.join(map(str, seeds))}) | NMSE, equal scales | clamped % (outlier; noise) | "
+          "rare max / fp32 (test loss) | bars failed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for k in names:
+        c, info = cands[k], {}
+        od, om = outlier(c, info=info)
+        ab = [absent(c, b, width=128) for b in BETA2_4]
+        sm, smr = small(c)
+        smed, smax, sok = stopped(c, block=128, factor=3)
+        s3, s2 = sgd_stopped(c, factors=(3, 2))
+        nm, share = [], []
+        for s in seeds:
+            nm.append(noise(c, s, info))
+            share.append(info["noise"])
+        info["noise"] = np.mean(share)
+        ne = noise(c, 0, spread=0)
+        w, l = rare(c)
+        fails = bars4(od, om, ab, smed, smax, sok, s3)
+        print(f"| {k} | {od:+.2f} | {om:.2f} | " +
+              " | ".join(f"{v:.2f}, {u:.2f}" for v, u in ab) +
+              f" | {sm:.1f} ({smr:.1f}) | {smed:.2f}, {smax:.2f} ({'holds' if sok else 'fails'})"
+              f" | {s3}; {s2} | " + ", ".join(f"{x:.2e}" for x in nm) + f" | {ne:.2e}"
+              f" | {100 * info['outlier']:.2f}; {100 * info['noise']:.2f} | "
+              f"{w / rw:.2f} ({l:.4f}) | {', '.join(fails) or 'none'} |", flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(CANDIDATES))
+    args = sys.argv[1:]
+    if args[:1] == ["--bits"]:
+        if args[1:2] == ["8"]:
+            main(args[2:] or list(CANDIDATES))
+        elif args[1:2] == ["4"]:
+            main4(args[2:] or list(cands4()))
+        else:
+            sys.exit("--bits takes 4 or 8")
+    else:
+        main(args or list(CANDIDATES))
