@@ -38,11 +38,46 @@ std::vector<Entry> expected_tensors(const Subject &s, Form form) {
       out.push_back(
           {name + ".correction", i, "correction", "", *m.correction, shape});
     for (const StateSpec &st : m.states)
-      for (const abi::StateBuffer &b : abi::state_buffers(st))
-        out.push_back({name + "." + st.name + b.suffix, i, st.name + b.suffix,
-                       "", b.dtype, b.per == Per::Group ? groups : shape});
+      for (const abi::StateBuffer &b : abi::state_buffers(st)) {
+        Entry e{name + "." + st.name + b.suffix,
+                i,
+                st.name + b.suffix,
+                "",
+                b.dtype,
+                b.per == Per::Group ? groups : shape};
+        // safetensors has whole bytes per element: packed codes are stored
+        // as their bytes, U8 [ceil(n / 2)] (pad nibble included).
+        if (abi::dtype_is_packed(b.dtype) && b.per == Per::Element) {
+          e.dtype = DType::U8;
+          e.shape = {int64_t(abi::dtype_bytes(b.dtype, uint64_t(s.numel(i))))};
+        }
+        out.push_back(std::move(e));
+      }
   }
   return out;
+}
+
+std::string state_encodings(const Manifest &m) {
+  std::string out;
+  for (const StateSpec &st : m.states) {
+    if (!out.empty())
+      out += ';';
+    out += st.name + "=" + abi::state_kind_name(st.kind);
+    if (st.kind == StateKind::Quantized)
+      out += std::string(":") + abi::dtype_name(st.storage) + ":" + st.compand +
+             ":" + std::to_string(st.group) + ":" + abi::dtype_name(st.scale);
+    else if (st.kind == StateKind::Plain)
+      out += std::string(":") + abi::dtype_name(st.storage);
+  }
+  return out;
+}
+
+bool has_packed_buffers(const Manifest &m) {
+  for (const StateSpec &st : m.states)
+    for (const abi::StateBuffer &b : abi::state_buffers(st))
+      if (abi::dtype_is_packed(b.dtype))
+        return true;
+  return false;
 }
 
 std::vector<std::string> tensor_names(const Manifest &m,

@@ -42,8 +42,21 @@ constexpr const char *kCheckpointFormat = "flashopt.checkpoint";
 inline const char *numerics_revision(const std::string &numerics) {
   return numerics == "bounded" ? "2" : "1";
 }
+/// __metadata__ "packing" of a checkpoint holding packed 4-bit codes (written
+/// only then): two codes a byte, the even element in the low nibble, an odd
+/// count's pad nibble 0 (docs/KERNEL-ABI.md).
+constexpr const char *kNibblePacking = "nibbles:low-first";
 /// The __metadata__ key holding metadata_checksum of all the others.
 constexpr const char *kMetadataChecksumKey = "metadata_checksum";
+
+/// How `m` stores each state, as __metadata__ "state_encodings" records it:
+/// "<state>=<encoding>" joined by ';' in manifest order, the encoding being
+/// "quantized:<storage>:<compand>:<group>:<scale>"
+/// ("quantized:i4:e2m1:32:bf16"), "plain:<dtype>" or "elided".
+std::string state_encodings(const Manifest &m);
+
+/// Whether a compressed checkpoint of `m` holds packed (4-bit) codes.
+bool has_packed_buffers(const Manifest &m);
 
 /// One tensor a checkpoint of an optimizer holds.
 struct Entry {
@@ -56,7 +69,9 @@ struct Entry {
 };
 
 /// Every tensor a checkpoint of `s` in form `form` holds, in file order
-/// (per tensor: param or master, correction, states).
+/// (per tensor: param or master, correction, states). A packed buffer (i4,
+/// ui4 codes) is its container: U8 with shape [ceil(numel / 2)], its bytes
+/// as the optimizer holds them.
 std::vector<Entry> expected_tensors(const Subject &s, Form form);
 
 /// The names the tensors of a parameter called `name` have in a checkpoint,

@@ -76,6 +76,118 @@ Expected<json> parseJson(const Metadata &meta, const std::string &key,
   }
 }
 
+/// __metadata__ 'state_encodings' ("<state>=<encoding>;..."): the states in
+/// order with their encodings.
+Expected<std::vector<std::pair<std::string, std::string>>>
+parseEncodings(const std::string &text, const std::string &file) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::set<std::string> seen;
+  size_t at = 0;
+  while (at <= text.size() && !text.empty()) {
+    size_t end = text.find(';', at);
+    if (end == std::string::npos)
+      end = text.size();
+    const std::string entry = text.substr(at, end - at);
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == entry.size())
+      return format(file + ": __metadata__ 'state_encodings' entry " +
+                    quote(entry) + " is not <state>=<encoding>");
+    if (!seen.insert(entry.substr(0, eq)).second)
+      return format(file + ": __metadata__ 'state_encodings' lists state " +
+                    quote(entry.substr(0, eq)) + " more than once");
+    out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+    at = end + 1;
+  }
+  return out;
+}
+
+/// "4-bit exp_avg (i4 e2m1)", "32-bit exp_avg (plain f32)", "exp_avg elided"
+/// for encoding `enc` of state `name` (as state_encodings writes it); with
+/// `detail`, a quantized state's group and scale too.
+std::string describeEncoding(const std::string &name, const std::string &enc,
+                             bool detail) {
+  std::vector<std::string> f;
+  for (size_t at = 0;;) {
+    size_t end = enc.find(':', at);
+    f.push_back(enc.substr(at, end == std::string::npos ? end : end - at));
+    if (end == std::string::npos)
+      break;
+    at = end + 1;
+  }
+  auto bits = [](const std::string &dtype) {
+    std::optional<DType> t = abi::parse_dtype(dtype);
+    return t ? std::to_string(abi::dtype_bits(*t)) + "-bit " : std::string();
+  };
+  if (f[0] == "quantized" && f.size() == 5)
+    return bits(f[1]) + name + " (" + f[1] + " " + f[2] +
+           (detail ? ", groups of " + f[3] + ", " + f[4] + " scales" : "") +
+           ")";
+  if (f[0] == "plain" && f.size() == 2)
+    return bits(f[1]) + name + " (plain " + f[1] + ")";
+  if (f[0] == "elided" && f.size() == 1)
+    return name + " elided";
+  return name + " as " + quote(enc);
+}
+
+/// __metadata__ 'state_encodings' and 'packing' against this optimizer's.
+/// A compressed file of other encodings is a mismatch naming the first state
+/// that differs; an f32 one converts (returns true). Files without the key
+/// (written before it existed) or of other states (another spec, said by the
+/// spec check) return false.
+Expected<bool> checkEncodings(const Subject &s, const Metadata &meta, Form form,
+                              const std::string &file) {
+  const Manifest &m = s.manifest();
+  if (meta.count("packing") && metaOr(meta, "packing") != kNibblePacking)
+    return format(file + ": unknown __metadata__ 'packing' " +
+                  quote(metaOr(meta, "packing")) + " (this library reads " +
+                  quote(kNibblePacking) + ")");
+  if (!meta.count("state_encodings"))
+    return false;
+  Expected<std::vector<std::pair<std::string, std::string>>> theirs =
+      parseEncodings(metaOr(meta, "state_encodings"), file);
+  if (!theirs)
+    return theirs.status();
+  Expected<std::vector<std::pair<std::string, std::string>>> ours =
+      parseEncodings(state_encodings(m), "this optimizer");
+  if (!ours)
+    return ours.status();
+  if (theirs->size() != ours->size())
+    return false;
+  for (size_t i = 0; i < ours->size(); ++i)
+    if ((*theirs)[i].first != (*ours)[i].first)
+      return false;
+  for (size_t i = 0; i < ours->size(); ++i) {
+    const auto &[name, enc] = (*theirs)[i];
+    const std::string &here = (*ours)[i].second;
+    if (enc == here)
+      continue;
+    if (form == Form::F32)
+      return true;
+    // Name the group and scale only when the codes themselves agree
+    // ("quantized:<storage>:<compand>" of both).
+    auto codes = [](const std::string &e) {
+      size_t n = 0, at = 0;
+      while (n < 3 && (at = e.find(':', at)) != std::string::npos)
+        ++n, ++at;
+      return n == 3 ? e.substr(0, at - 1) : e;
+    };
+    const bool detail = codes(enc) == codes(here);
+    return mismatch(file + ": the checkpoint holds " +
+                    describeEncoding(name, enc, detail) + ", this optimizer " +
+                    describeEncoding(name, here, detail) +
+                    ": load its f32 form to convert (checkpoint of spec " +
+                    quote(metaOr(meta, "spec")) + ", this optimizer runs " +
+                    quote(m.name) + "); nothing was loaded");
+  }
+  if (form == Form::Compressed && has_packed_buffers(m) &&
+      !meta.count("packing"))
+    return format(file +
+                  ": the checkpoint holds packed 4-bit codes, but "
+                  "__metadata__ has no 'packing' (expected " +
+                  quote(kNibblePacking) + ")");
+  return false;
+}
+
 /// The metadata's own checksum, format, version, spec and rule; returns
 /// the checkpoint's form.
 Expected<Form> checkHeader(const Subject &s, const Metadata &meta,
@@ -129,8 +241,22 @@ Expected<Form> checkHeader(const Subject &s, const Metadata &meta,
         " (minifloat state codes, docs/NUMERICS.md §8); nothing was "
         "loaded. Move the run through its fp32 master weights and states "
         "(a state dict's fp32 states load as a conversion)");
-  if (metaOr(meta, "spec") != m.name ||
-      metaOr(meta, "spec_hash") != m.spec_hash)
+  const std::string formName = metaOr(meta, "checkpoint");
+  if (formName != "compressed" && formName != "f32")
+    return format(file + ": unknown checkpoint form " + quote(formName) +
+                  " (compressed or f32)");
+  const Form form = formName == "f32" ? Form::F32 : Form::Compressed;
+  // The state encodings before the spec: a run moving between state widths
+  // (8 and 4 bits) is told which state differs and how to convert. Files
+  // written before the key existed are checked by the spec alone.
+  Expected<bool> converts = checkEncodings(s, meta, form, file);
+  if (!converts)
+    return converts.status();
+  // The f32 form of another state encoding is a conversion: its masters and
+  // states are fp32 whatever the spec stored them as, and the parameters,
+  // groups, hyper-parameters and tensors are all checked below.
+  if (!*converts && (metaOr(meta, "spec") != m.name ||
+                     metaOr(meta, "spec_hash") != m.spec_hash))
     return mismatch(file + ": checkpoint of spec " +
                     quote(metaOr(meta, "spec")) + " (" +
                     metaOr(meta, "spec_hash") + "), but this optimizer runs " +
@@ -139,11 +265,7 @@ Expected<Form> checkHeader(const Subject &s, const Metadata &meta,
     return mismatch(file + ": checkpoint of rule " +
                     quote(metaOr(meta, "rule")) + ", but this optimizer runs " +
                     quote(m.rule) + " (spec " + quote(m.name) + ")");
-  const std::string form = metaOr(meta, "checkpoint");
-  if (form != "compressed" && form != "f32")
-    return format(file + ": unknown checkpoint form " + quote(form) +
-                  " (compressed or f32)");
-  return form == "f32" ? Form::F32 : Form::Compressed;
+  return form;
 }
 
 /// One entry of __metadata__ 'params': a tensor of the same name, numel,

@@ -56,7 +56,8 @@ Expected<std::vector<uint8_t>> tensorBytes(const Subject &s, const Entry &e,
 }
 
 /// The metadata: the format, the spec, the counters, the parameters and
-/// param groups, the tensors' checksums, then the metadata's own.
+/// param groups, the state encodings (and the nibble packing), the tensors'
+/// checksums, then the metadata's own.
 std::map<std::string, std::string> metadataOf(const Subject &s,
                                               const Image &img, Form form) {
   const Manifest &m = s.manifest();
@@ -101,7 +102,13 @@ std::map<std::string, std::string> metadataOf(const Subject &s,
       {"skipped_steps", std::to_string(stepper.skipped_steps())},
       {"params", params.dump()},
       {"checksums", checksums.dump()},
-      {"param_groups", groups.dump()}};
+      {"param_groups", groups.dump()},
+      // How each state is stored: checked before spec_hash at load, so a
+      // file of another state width is refused naming the state.
+      {"state_encodings", state_encodings(m)}};
+  // Packed 4-bit codes are in the file as their bytes: say how.
+  if (form == Form::Compressed && has_packed_buffers(m))
+    meta["packing"] = kNibblePacking;
   meta[kMetadataChecksumKey] = metadata_checksum(meta);
   return meta;
 }

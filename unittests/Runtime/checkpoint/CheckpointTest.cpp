@@ -13,7 +13,10 @@
 /// a lying, malformed, corrupt or truncated checkpoint and one of another
 /// layout (tensor count, shape, group, encoding, spec), each time with the
 /// code that says which and the optimizer unchanged; a failed save leaving
-/// the previous file intact.
+/// the previous file intact. 4-bit optimizers (test/specs/fourbit): packed
+/// codes as U8 [ceil(n/2)], bit-exact round trips, the compressed size, the
+/// state_encodings check across widths and the f32 form converting between
+/// them.
 ///
 //===----------------------------------------------------------------------===//
 
@@ -50,9 +53,14 @@ namespace safetensors = host::safetensors;
 
 namespace {
 
+/// Bundle `name`: a shipped one (<build>/kernels), or one of the 4-bit
+/// test specs (test/specs/fourbit, built into <build>/kernels-fourbit).
 std::string kernels(const std::string &name) {
   const char *b = std::getenv("FLASHOPT_BINARY_DIR");
-  return std::string(b ? b : FLASHOPT_TEST_BINARY_DIR) + "/kernels/" + name;
+  const bool fourbit =
+      name.size() > 5 && name.substr(name.size() - 5) == "_4bit";
+  return std::string(b ? b : FLASHOPT_TEST_BINARY_DIR) +
+         (fourbit ? "/kernels-fourbit/" : "/kernels/") + name;
 }
 
 void requireOk(const host::Status &s) { REQUIRE_MESSAGE(s.ok(), s.message()); }
@@ -609,4 +617,295 @@ TEST_CASE("checkpoint: names that do not name every tensor are INTERNAL, "
   CHECK(checkpoint::load_buffer(s, bytes.data(), bytes.size()).code() ==
         Code::Internal);
   CHECK(Snapshot(a) == before);
+}
+
+//===----------------------------------------------------------------------===//
+// 4-bit states (docs/design/4bit-states.md §6, §8 T4)
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+const char *const kFourBit[] = {"adamw_bf16_m24_4bit", "sgd_f32_4bit"};
+
+/// The 8-bit shipped spec a 4-bit test spec differs from in its states only.
+std::string eightBitOf(const std::string &fourbit) {
+  return fourbit.substr(0, fourbit.size() - 5);
+}
+
+std::vector<float> masterOf(const Run &r, int64_t i) {
+  auto v = checkpoint::export_master(r.subject(), i);
+  REQUIRE_MESSAGE(v.ok(), v.error());
+  return std::move(v.value());
+}
+
+std::vector<float> stateOf(const Run &r, int64_t i, const std::string &name) {
+  const host::StateSpec *s = checkpoint::stored_state(r.opt->manifest(), name);
+  REQUIRE(s);
+  auto v = checkpoint::export_state(r.subject(), i, *s);
+  REQUIRE_MESSAGE(v.ok(), v.error());
+  return std::move(v.value());
+}
+
+/// `from`'s f32 checkpoint loaded into `to` (another state width): the same
+/// masters, counters and hyper tables; states re-encoded from the fp32 ones,
+/// so close to them (the coarser code's error), not equal.
+void convertsThroughF32(const Run &from, Run &to) {
+  std::vector<uint8_t> f32 = save(from, Form::F32);
+  requireOk(checkpoint::load_buffer(to.subject(), f32.data(), f32.size()));
+  Snapshot x(from), y(to);
+  CHECK(x.steps == y.steps);
+  CHECK(x.step == y.step);
+  CHECK(x.skipped == y.skipped);
+  CHECK(x.hypers == y.hypers);
+  CHECK(x.given == y.given);
+  for (int64_t i = 0; i < from.opt->num_tensors(); ++i) {
+    CAPTURE(i);
+    CHECK(masterOf(from, i) == masterOf(to, i));
+    for (const host::StateSpec &st : from.opt->manifest().states) {
+      CAPTURE(st.name);
+      std::vector<float> a = stateOf(from, i, st.name);
+      std::vector<float> b = stateOf(to, i, st.name);
+      REQUIRE(a.size() == b.size());
+      double err = 0, mass = 0;
+      for (size_t k = 0; k < a.size(); ++k) {
+        err += std::abs(double(a[k]) - double(b[k]));
+        mass += std::abs(double(a[k]));
+      }
+      CHECK(mass > 0);
+      CHECK(err <= 0.25 * mass);
+    }
+  }
+}
+
+} // namespace
+
+TEST_CASE("checkpoint: a 4-bit optimizer round-trips bit for bit in both "
+          "forms, its codes stored as U8 [ceil(n/2)] with a zero pad nibble") {
+  for (const char *spec : kFourBit) {
+    CAPTURE(spec);
+    Run a(spec, 31);
+    a.train();
+    const std::vector<uint8_t> bytes = save(a, Form::Compressed);
+    auto f = safetensors::File::parse(bytes, "test");
+    REQUIRE_MESSAGE(f.ok(), f.error());
+    CHECK(f->metadata().at("packing") == "nibbles:low-first");
+    CHECK(f->metadata().at("state_encodings") ==
+          (std::string(spec) == "sgd_f32_4bit"
+               ? "momentum_buffer=quantized:i4:e2m1:32:bf16"
+               : "exp_avg=quantized:i4:e2m1:32:bf16;"
+                 "exp_avg_sq=quantized:ui4:e3m1:32:bf16"));
+    // Odd (77, 5) and even (1000) numels: ceil(n/2) bytes, the last one's
+    // high nibble 0 when n is odd.
+    const host::StateSpec &st0 = a.opt->manifest().states[0];
+    for (size_t i = 0; i < kParams.size(); ++i) {
+      const std::string name = kParams[i].name + "." + st0.name + ".codes";
+      CAPTURE(name);
+      const safetensors::StoredTensor *t = f->find(name);
+      REQUIRE(t);
+      const int64_t n = a.opt->tensor(int64_t(i)).numel;
+      CHECK(t->dtype == DType::U8);
+      CHECK(t->shape == std::vector<int64_t>{(n + 1) / 2});
+      REQUIRE(t->bytes == (n + 1) / 2);
+      if (n % 2)
+        CHECK((t->data[t->bytes - 1] & 0xF0) == 0);
+      auto held = a.opt->read_buffer(int64_t(i), st0.name + ".codes");
+      REQUIRE(held.ok());
+      CHECK(std::vector<uint8_t>(t->data, t->data + t->bytes) == *held);
+    }
+    // Compressed: every buffer, counter and hyper-parameter, and training
+    // goes on the same.
+    Run b(spec, 32);
+    requireOk(checkpoint::load_buffer(b.subject(), bytes.data(), bytes.size()));
+    CHECK(Snapshot(a) == Snapshot(b));
+    CHECK(a.p == b.p);
+    CHECK(save(b, Form::Compressed) == bytes);
+    b.g = a.g;
+    for (int k = 0; k < 2; ++k) {
+      requireOk(a.stepper->step());
+      requireOk(b.stepper->step());
+    }
+    CHECK(Snapshot(a) == Snapshot(b));
+    // f32: masters and decoded states; loading re-encodes them, and decoded
+    // 4-bit values re-encode to the same values, so the f32 image comes back
+    // bit for bit. (Not necessarily the same codes: a group whose largest
+    // value the kernel left below the top code gets the scale of its
+    // largest value, and codes that say the same values at that scale.)
+    const std::vector<uint8_t> f32 = save(a, Form::F32);
+    auto g = safetensors::File::parse(f32, "test");
+    REQUIRE(g.ok());
+    CHECK(g->metadata().count("packing") == 0);
+    CHECK(g->metadata().at("state_encodings") ==
+          f->metadata().at("state_encodings"));
+    Run c(spec, 33);
+    requireOk(checkpoint::load_buffer(c.subject(), f32.data(), f32.size()));
+    CHECK(save(c, Form::F32) == f32);
+  }
+}
+
+TEST_CASE("checkpoint: a compressed 4-bit AdamW bf16 + i8 checkpoint takes "
+          "at most 4.2 bytes per parameter (T4)") {
+  // A 2^20-element tensor plus 10 small ones.
+  std::vector<Param> params = {{"big", {1 << 20}, 0}};
+  int64_t numel = 1 << 20;
+  for (int k = 0; k < 10; ++k) {
+    params.push_back({"small" + std::to_string(k), {3 + 37 * k}, k % 2});
+    numel += 3 + 37 * k;
+  }
+  Run a("adamw_bf16_m24_4bit", 34, params);
+  requireOk(a.stepper->step());
+  const std::string path = scratch("t4.safetensors").string();
+  requireOk(checkpoint::save_file(a.subject(), path, Form::Compressed));
+  const double perParam = double(fs::file_size(path)) / double(numel);
+  MESSAGE("compressed adamw_bf16_m24_4bit: " << perParam << " B/param");
+  CHECK(perParam >= 4.125); // 2 + 1 + 2 x (0.5 + 2/32), plus the header
+  CHECK(perParam <= 4.2);
+  Run b("adamw_bf16_m24_4bit", 35, params);
+  requireOk(checkpoint::load_file(b.subject(), path));
+  CHECK(Snapshot(a) == Snapshot(b));
+}
+
+TEST_CASE("checkpoint: compressed files are refused across state widths, "
+          "naming the state, and the f32 form converts between 8 and 4 "
+          "bits") {
+  Run a4("adamw_bf16_m24_4bit", 36);
+  a4.train();
+  Run a8("adamw_bf16_m24", 37);
+  a8.train();
+  SUBCASE("4-bit file, 8-bit optimizer") {
+    Run b8("adamw_bf16_m24", 38);
+    refused(b8, save(a4, Form::Compressed), Code::Mismatch,
+            "the checkpoint holds 4-bit exp_avg (i4 e2m1), this optimizer "
+            "8-bit exp_avg (i8 softsign): load its f32 form to convert");
+    convertsThroughF32(a4, b8);
+  }
+  SUBCASE("8-bit file, 4-bit optimizer") {
+    Run b4("adamw_bf16_m24_4bit", 39);
+    refused(b4, save(a8, Form::Compressed), Code::Mismatch,
+            "the checkpoint holds 8-bit exp_avg (i8 softsign), this optimizer "
+            "4-bit exp_avg (i4 e2m1): load its f32 form to convert");
+    convertsThroughF32(a8, b4);
+  }
+  SUBCASE("one state each way, SGD with momentum") {
+    Run s4("sgd_f32_4bit", 40), s8(eightBitOf("sgd_f32_4bit"), 41);
+    s4.train();
+    s8.train();
+    Run t4("sgd_f32_4bit", 42), t8(eightBitOf("sgd_f32_4bit"), 43);
+    refused(t8, save(s4, Form::Compressed), Code::Mismatch,
+            "the checkpoint holds 4-bit momentum_buffer (i4 e2m1), this "
+            "optimizer 8-bit momentum_buffer");
+    refused(t4, save(s8, Form::Compressed), Code::Mismatch,
+            "this optimizer 4-bit momentum_buffer (i4 e2m1)");
+    convertsThroughF32(s4, t8);
+    convertsThroughF32(s8, t4);
+  }
+  SUBCASE("the spec check still holds when the encodings agree") {
+    // Another spec of the same 4-bit states (a spec_hash edit, checksum
+    // fixed up): refused by the spec, in both forms.
+    Run b4("adamw_bf16_m24_4bit", 44);
+    for (Form form : {Form::Compressed, Form::F32})
+      refused(b4,
+              rewriteMeta(save(a4, form),
+                          [](auto &m) { m["spec_hash"] = "fnv1a64:0"; }),
+              Code::Mismatch, "checkpoint of spec 'adamw_bf16_m24_4bit'");
+  }
+}
+
+TEST_CASE("checkpoint: an edited state_encodings or packing is refused, and "
+          "files written before state_encodings existed still load") {
+  Run a("adamw_bf16_m24_4bit", 45);
+  a.train();
+  Run b("adamw_bf16_m24_4bit", 46);
+  const std::vector<uint8_t> good = save(a, Form::Compressed);
+  SUBCASE("a consistent lie about the encodings") {
+    refused(b,
+            rewriteMeta(good,
+                        [](auto &m) {
+                          m["state_encodings"] =
+                              "exp_avg=quantized:i4:e2m1:32:bf16;"
+                              "exp_avg_sq=quantized:ui8:e4m4:32:bf16";
+                        }),
+            Code::Mismatch,
+            "the checkpoint holds 8-bit exp_avg_sq (ui8 e4m4), this "
+            "optimizer 4-bit exp_avg_sq (ui4 e3m1)");
+    refused(b,
+            rewriteMeta(good,
+                        [](auto &m) {
+                          m["state_encodings"] =
+                              "exp_avg=quantized:i4:e2m1:64:bf16;"
+                              "exp_avg_sq=quantized:ui4:e3m1:32:bf16";
+                        }),
+            Code::Mismatch,
+            "4-bit exp_avg (i4 e2m1, groups of 64, bf16 scales), this "
+            "optimizer 4-bit exp_avg (i4 e2m1, groups of 32, bf16 scales)");
+  }
+  SUBCASE("an edit without the checksum") {
+    refused(b,
+            rewriteMeta(
+                good,
+                [](auto &m) {
+                  m["state_encodings"] = "exp_avg=plain:f32;exp_avg_sq=elided";
+                },
+                /*resum=*/false),
+            Code::Format, "(the header is corrupt or was edited)");
+  }
+  SUBCASE("malformed") {
+    refused(
+        b, rewriteMeta(good, [](auto &m) { m["state_encodings"] = "exp_avg"; }),
+        Code::Format,
+        "__metadata__ 'state_encodings' entry 'exp_avg' is not "
+        "<state>=<encoding>");
+    refused(b,
+            rewriteMeta(good,
+                        [](auto &m) {
+                          m["state_encodings"] =
+                              "exp_avg=elided;exp_avg=elided";
+                        }),
+            Code::Format, "lists state 'exp_avg' more than once");
+  }
+  SUBCASE("packing") {
+    refused(
+        b,
+        rewriteMeta(good, [](auto &m) { m["packing"] = "nibbles:high-first"; }),
+        Code::Format, "unknown __metadata__ 'packing' 'nibbles:high-first'");
+    refused(b, rewriteMeta(good, [](auto &m) { m.erase("packing"); }),
+            Code::Format,
+            "the checkpoint holds packed 4-bit codes, but __metadata__ has no "
+            "'packing'");
+  }
+  SUBCASE("an older file (no state_encodings) loads as before") {
+    Run o("adamw_bf16_m24", 47);
+    o.train();
+    Run p("adamw_bf16_m24", 48);
+    for (bool checksum : {true, false}) {
+      std::vector<uint8_t> old = rewriteMeta(
+          save(o, Form::Compressed),
+          [&](auto &m) {
+            m.erase("state_encodings");
+            if (!checksum)
+              m.erase(checkpoint::kMetadataChecksumKey);
+          },
+          checksum);
+      requireOk(checkpoint::load_buffer(p.subject(), old.data(), old.size()));
+      CHECK(Snapshot(o) == Snapshot(p));
+    }
+    // Without the key, another width is the spec's mismatch, as before.
+    refused(b,
+            rewriteMeta(save(o, Form::Compressed),
+                        [](auto &m) { m.erase("state_encodings"); }),
+            Code::Mismatch, "checkpoint of spec 'adamw_bf16_m24'");
+  }
+}
+
+TEST_CASE("checkpoint: the 4-bit seed of the checkpoint fuzzer's corpus") {
+  // FLASHOPT_WRITE_FOURBIT_SEED=FILE writes fuzz/corpus/checkpoint/
+  // compressed-4bit.safetensors: the fuzzer's parameters ("w" [100], "b" [32]
+  // in two groups) in a 4-bit AdamW, stepped twice.
+  const std::vector<Param> fuzzParams = {{"w", {100}, 0}, {"b", {32}, 1}};
+  Run a("adamw_bf16_m24_4bit", 49, fuzzParams);
+  requireOk(a.stepper->step());
+  requireOk(a.stepper->step());
+  const std::vector<uint8_t> bytes = save(a, Form::Compressed);
+  CHECK(bytes.size() < 8192);
+  if (const char *out = std::getenv("FLASHOPT_WRITE_FOURBIT_SEED"))
+    requireOk(checkpoint::save_file(a.subject(), out, Form::Compressed));
 }
