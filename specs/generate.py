@@ -9,7 +9,10 @@ Every combination that the Python binding's constructors accept has a spec
 - rule: sgd, sgdw, adam, adamw, lion;
 - parameter mode: bf16 and f16 with no correction, an i8 one (24-bit master
   weights, `_m24`) or an i16 one (32-bit, `_m32`); f32 (its own master);
-- states: 8-bit (`quantized`) or plain f32 (`_f32states`);
+- states: 8-bit (`quantized`), plain f32 (`_f32states`) or 4-bit
+  (`quantized4`, `_4bit`: docs/NUMERICS.md §2e), the last only with bf16
+  parameters and 24-bit master weights or f32 parameters, exact arithmetic
+  and the bounded numerics (the matrix stays lean: docs/design/4bit-states.md);
 - arithmetic: exact, or the portable fast mode (`_fast`, docs/NUMERICS.md §7);
 - numerics: bounded (the default) or FlashOptim's (`_flashoptim`,
   docs/NUMERICS.md §8), only where they differ — quantized states, or Adam's
@@ -55,16 +58,24 @@ def specs():
     out = {}
     for rule, title in RULES.items():
         for suffix, dtype, corr, pdesc in PARAMS:
-            for quantized in (True, False):
+            for states_form in ("quantized", "f32", "quantized4"):
+                quantized = states_form != "f32"
                 for fast in (False, True):
                     for flashoptim in (False, True):
                         if flashoptim and (fast or not (quantized or rule in ("adam", "adamw"))):
                             continue
-                        name = (f"{rule}_{suffix}{'' if quantized else '_f32states'}"
+                        if states_form == "quantized4" and (
+                                fast or flashoptim or suffix not in ("bf16_m24", "f32")):
+                            continue
+                        states_suffix = {"quantized": "", "f32": "_f32states",
+                                         "quantized4": "_4bit"}[states_form]
+                        name = (f"{rule}_{suffix}{states_suffix}"
                                 f"{'_fast' if fast else ''}{'_flashoptim' if flashoptim else ''}")
                         grads = ("f32 parameters and gradients" if dtype == "f32"
                                  else f"{pdesc}, {dtype} gradients")
-                        states = ("8-bit states" if quantized else
+                        states = ("8-bit states" if states_form == "quantized" else
+                                  "4-bit states (docs/NUMERICS.md §2e)"
+                                  if states_form == "quantized4" else
                                   "plain f32 states (unquantized baseline"
                                   + ("; torch.optim's layout)" if dtype == "f32" else ")"))
                         head = title + (" in the portable fast mode" if fast else "")
@@ -76,7 +87,7 @@ def specs():
                         spec = {"name": name, "description": desc, "rule": rule,
                                 "param": {"dtype": dtype, "correction": corr},
                                 "grad": dtype,
-                                "states": "quantized" if quantized else "f32"}
+                                "states": states_form}
                         if fast:
                             spec["arithmetic"] = "fast"
                         if flashoptim:

@@ -37,11 +37,11 @@ enum class Compand { None, Softsign, Sqrt, E3M4, E4M4, E2M1, E3M0, E3M1, E4M0 };
 
 struct QuantEncoding {
   bool isSigned = true;
-  /// The code width: 8 (i8, ui8, one per byte) or 4 (i4, ui4, packed).
-  int bits = 8;
   Compand compand = Compand::None;
   DType scale = DType::F16;
   int group = 32;
+  /// The code width: 8 (i8, ui8, one per byte) or 4 (i4, ui4, packed).
+  int bits = 8;
 };
 
 struct StateEncoding {

@@ -733,8 +733,9 @@ TEST_CASE("error: group_size not an integer") {
 
 TEST_CASE("error: bad states shorthand") {
   expectOneError(parse(withMember(R"("states": "int8")")), 5, 13, "/states",
-                 "expected \"quantized\", \"f32\", \"bf16\", \"f16\" or an "
-                 "object mapping state names to encodings, found \"int8\"");
+                 "expected \"quantized\", \"quantized4\", \"f32\", \"bf16\", "
+                 "\"f16\" or an object mapping state names to encodings, found "
+                 "\"int8\"");
 }
 
 TEST_CASE("error: state encoding is not an object") {
@@ -754,8 +755,8 @@ TEST_CASE("error: bad storage") {
   expectOneError(
       parse(withMember(R"("states": {"exp_avg": {"storage": "int8"}})")), 5, 37,
       "/states/exp_avg/storage",
-      "expected one of \"i8\", \"ui8\", \"f32\", \"bf16\", \"f16\", "
-      "\"none\", found \"int8\"");
+      "expected one of \"i8\", \"ui8\", \"i4\", \"ui4\", \"f32\", \"bf16\", "
+      "\"f16\", \"none\", found \"int8\"");
 }
 
 TEST_CASE("error: quantization key with a plain storage") {
@@ -944,8 +945,9 @@ TEST_CASE("every shipped spec parses cleanly") {
       files.push_back(e.path());
   std::sort(files.begin(), files.end());
   // specs/generate.py: 5 rules x 7 parameter modes x {8-bit, f32 states}
-  // x {exact, fast}, plus FlashOptim's numerics where they differ.
-  CHECK(files.size() == 189);
+  // x {exact, fast}, plus FlashOptim's numerics where they differ, plus 4-bit
+  // states for 5 rules x {bf16 + 24-bit, f32} (exact, bounded).
+  CHECK(files.size() == 199);
   for (const fs::path &f : files) {
     CAPTURE(f.string());
     std::vector<Diagnostic> diags;
@@ -979,6 +981,11 @@ TEST_CASE("every shipped spec parses cleanly") {
         variant.compare(variant.size() - 10, 10, "_f32states") == 0) {
       CHECK(s->statesForm.value == StatesForm::Plain);
       CHECK(s->statesPlainStorage == Storage::F32);
+    } else if (variant.size() > 5 &&
+               variant.compare(variant.size() - 5, 5, "_4bit") == 0) {
+      CHECK(s->statesForm.value == StatesForm::Quantized4);
+      CHECK_FALSE(fast);
+      CHECK_FALSE(flashoptim);
     } else {
       CHECK(s->statesForm.value == StatesForm::Quantized);
     }

@@ -13,7 +13,7 @@
 /// a lying, malformed, corrupt or truncated checkpoint and one of another
 /// layout (tensor count, shape, group, encoding, spec), each time with the
 /// code that says which and the optimizer unchanged; a failed save leaving
-/// the previous file intact. 4-bit optimizers (test/specs/fourbit): packed
+/// the previous file intact. 4-bit optimizers (the shipped *_4bit specs): packed
 /// codes as U8 [ceil(n/2)], bit-exact round trips, the compressed size, the
 /// state_encodings check across widths and the f32 form converting between
 /// them.
@@ -53,14 +53,11 @@ namespace safetensors = host::safetensors;
 
 namespace {
 
-/// Bundle `name`: a shipped one (<build>/kernels), or one of the 4-bit
-/// test specs (test/specs/fourbit, built into <build>/kernels-fourbit).
+/// Shipped bundle `name` (<build>/kernels; the 4-bit ones are
+/// <rule>_<mode>_4bit, specs/generate.py).
 std::string kernels(const std::string &name) {
   const char *b = std::getenv("FLASHOPT_BINARY_DIR");
-  const bool fourbit =
-      name.size() > 5 && name.substr(name.size() - 5) == "_4bit";
-  return std::string(b ? b : FLASHOPT_TEST_BINARY_DIR) +
-         (fourbit ? "/kernels-fourbit/" : "/kernels/") + name;
+  return std::string(b ? b : FLASHOPT_TEST_BINARY_DIR) + "/kernels/" + name;
 }
 
 void requireOk(const host::Status &s) { REQUIRE_MESSAGE(s.ok(), s.message()); }
