@@ -31,7 +31,8 @@ STEP_PARAMS = 8e9  # the step time is predicted for 8B parameters in one tensor
 # by it as well as by issue and memory.
 XU_PER_CLK_PER_SM = 16
 
-DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "ui8": 1, "i16": 2, "ui16": 2,
+DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "ui8": 1, "i4": 0.5, "ui4": 0.5,
+               "i16": 2, "ui16": 2,
                "u8": 1, "u16": 2, "i32": 4, "ui32": 4}
 
 INSN_RE = re.compile(r"/\*([0-9a-f]+)\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
