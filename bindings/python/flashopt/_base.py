@@ -396,8 +396,10 @@ class FlashOptimizer(Optimizer):
         """torch's layout ({'state', 'param_groups'}, parameters by index).
         Per parameter: "step", "flashopt.spec" and its exact compressed
         state in the library's own dtypes (correction term, codes, scales;
-        AdamW bf16 + 24-bit: 3.125 B/param, no parameters and no fp32
-        copies). Loading it resumes the run bit for bit, given the same
+        AdamW bf16 + 24-bit: 3.125 B/param, 2.125 with state_bits=4, whose
+        codes are uint8 packed two per byte along the last dimension, a code
+        per byte for 1-D parameters; no parameters and no fp32 copies).
+        Loading it resumes the run bit for bit, given the same
         parameters (the model's state dict holds those).
 
         fp32_states=True: torch.optim's form instead, "step" and the fp32
