@@ -27,19 +27,24 @@ from ._views import ParamState
 
 
 def spec_name(rule: str, dtype: torch.dtype, master_weight_bits: Optional[int],
-              quantize: bool, arithmetic: str = "exact", numerics: str = "bounded") -> str:
+              quantize: Optional[bool] = None, arithmetic: str = "exact",
+              numerics: str = "bounded", *, state_bits: Optional[int] = None) -> str:
     """The bundle of the kernels directory that runs for these options (the
     one whose manifest says it computes them: _specs.py), or a
     MissingBundleError.
 
     fp32 parameters are their own master weights: master_weight_bits does not
-    apply to them. Unquantized states (quantize=False) are plain fp32.
-    arithmetic="fast" is the portable fast mode (docs/NUMERICS.md §7);
-    numerics="flashoptim" FlashOptim's numerics (docs/NUMERICS.md §8), which
-    differ from the bounded ones in quantized states and Adam's bound (SGD
-    and Lion with fp32 states compute the same bits either way).
+    apply to them. state_bits: 8 (8-bit codes, the default), 4 (4-bit codes,
+    docs/NUMERICS.md §2e) or 32 (plain fp32 states); the older `quantize`
+    (positional, as before) is True for 8, False for 32, and a ValueError
+    when it disagrees with state_bits. arithmetic="fast" is the portable
+    fast mode (docs/NUMERICS.md §7); numerics="flashoptim" FlashOptim's
+    numerics (docs/NUMERICS.md §8), which differ from the bounded ones in
+    quantized states and Adam's bound (SGD and Lion with fp32 states
+    compute the same bits either way).
     """
-    return _specs.select(rule, dtype, master_weight_bits, quantize, arithmetic, numerics)
+    bits = _specs.state_bits_of(state_bits, quantize)
+    return _specs.select(rule, dtype, master_weight_bits, bits, arithmetic, numerics)
 
 
 class Hyper(NamedTuple):
@@ -77,7 +82,15 @@ _OPTIONS_DOC = """
             parameters: the parameter plus an 8-bit (24) or 16-bit (32)
             correction term, or the parameter alone (None). Ignored for
             fp32 parameters. Default 24.
-        quantize (bool): 8-bit companded states (True, default) or fp32.
+        state_bits (4, 8 or 32): the optimizer states: 8-bit companded
+            codes (default), 4-bit codes (docs/NUMERICS.md §2e: AdamW bf16
+            + 24-bit master weights 6.125 B/param against 7.125), or plain
+            fp32 (32). 4-bit bundles ship for bf16 parameters with
+            master_weight_bits=24 and for fp32 parameters, exact arithmetic
+            and the bounded numerics; other combinations are a
+            MissingBundleError naming what is missing.
+        quantize (bool): the older spelling: True is state_bits=8, False
+            state_bits=32. Both given and disagreeing is a ValueError.
         check_numerics (bool): run check_numerics() before every step.
         arithmetic ("exact" or "fast"): the bundle's arithmetic
             (docs/NUMERICS.md §7).
@@ -127,7 +140,8 @@ class FlashOptimizer(Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, params, defaults: Dict[str, Any], *, master_weight_bits: Optional[int] = 24,
-                 quantize: bool = True, check_numerics: bool = False, arithmetic: str = "exact",
+                 state_bits: Optional[int] = None, quantize: Optional[bool] = None,
+                 check_numerics: bool = False, arithmetic: str = "exact",
                  numerics: str = "bounded",
                  maximize: bool = False, foreach: Optional[bool] = None,
                  differentiable: bool = False, capturable: bool = False,
@@ -141,6 +155,7 @@ class FlashOptimizer(Optimizer):
                               "all parameters)")
         if master_weight_bits not in (None, 24, 32):
             raise ValueError(f"master_weight_bits must be None, 24 or 32, not {master_weight_bits!r}")
+        bits = _specs.state_bits_of(state_bits, quantize)
         if arithmetic not in ("exact", "fast"):
             raise ValueError(f"arithmetic must be 'exact' or 'fast', not {arithmetic!r}")
         if numerics not in ("bounded", "flashoptim"):
@@ -149,7 +164,8 @@ class FlashOptimizer(Optimizer):
             raise ValueError("numerics='flashoptim' reproduces FlashOptim's kernels bit for bit, "
                              "which have no fast arithmetic; use arithmetic='exact'")
         self.master_weight_bits = master_weight_bits
-        self.quantize = bool(quantize)
+        self.state_bits = bits
+        self.quantize = bits != 32  # quantized states (8- or 4-bit codes)
         self.arithmetic = arithmetic
         self.numerics = numerics
         self._check_numerics_each_step = bool(check_numerics)
@@ -163,7 +179,7 @@ class FlashOptimizer(Optimizer):
 
     # ---- parameters ----------------------------------------------------------------
     def _options(self) -> Options:
-        return Options(type(self).__name__, self._rule, self.master_weight_bits, self.quantize,
+        return Options(type(self).__name__, self._rule, self.master_weight_bits, self.state_bits,
                        self.arithmetic, self.numerics)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
@@ -380,8 +396,10 @@ class FlashOptimizer(Optimizer):
         """torch's layout ({'state', 'param_groups'}, parameters by index).
         Per parameter: "step", "flashopt.spec" and its exact compressed
         state in the library's own dtypes (correction term, codes, scales;
-        AdamW bf16 + 24-bit: 3.125 B/param, no parameters and no fp32
-        copies). Loading it resumes the run bit for bit, given the same
+        AdamW bf16 + 24-bit: 3.125 B/param, 2.125 with state_bits=4, whose
+        codes are uint8 packed two per byte along the last dimension, a code
+        per byte for 1-D parameters; no parameters and no fp32 copies).
+        Loading it resumes the run bit for bit, given the same
         parameters (the model's state dict holds those).
 
         fp32_states=True: torch.optim's form instead, "step" and the fp32

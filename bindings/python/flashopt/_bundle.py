@@ -78,6 +78,7 @@ class _Bundle:
         self.hyper_cache: Dict[tuple, float] = {}
         self._stream = None  # the CUDA stream handle set with flashopt_set_stream
         self._buffers = None  # buffers(), asked of the library once
+        self._packed: frozenset = frozenset()  # their packed 4-bit ones
 
     def _call(self, name: str, *args):
         L.check(getattr(self._lib, name)(*args), name)
@@ -278,34 +279,57 @@ class _Bundle:
     def buffers(self) -> List[Tuple[str, str, torch.dtype]]:
         """The library-owned buffers of each parameter (correction term,
         codes, scales, unquantized states) as (name, "element" or "group",
-        dtype), in the manifest's order, as the library describes them."""
+        dtype), in the manifest's order, as the library describes them.
+        Packed 4-bit codes (FLASHOPT_I4/U4: `packed`) are torch.uint8 here,
+        their bytes; one code per element wherever the binding holds them
+        unpacked (_nibbles.py)."""
         if self._buffers is None:
             n = ctypes.c_int32()
             self._call("flashopt_num_buffers", self.handle, ctypes.byref(n))
-            out = []
+            out, packed = [], set()
             for k in range(n.value):
                 d = L.BufferDesc()
                 self._call("flashopt_get_buffer_desc", self.handle, k, ctypes.byref(d))
-                out.append((d.name.decode(), "group" if d.per_group else "element",
+                name = d.name.decode()
+                if d.dtype in D.PACKED:
+                    packed.add(name)
+                out.append((name, "group" if d.per_group else "element",
                             D.TORCH_OF_CODE[d.dtype]))
+            self._packed = frozenset(packed)
             self._buffers = out
         return self._buffers
 
+    @property
+    def packed(self) -> frozenset:
+        """The names of the buffers holding packed 4-bit codes."""
+        self.buffers()
+        return self._packed
+
+    def buffer_size(self, i: int, name: str) -> int:
+        """Bytes of parameter i's buffer `name` (flashopt_buffer_size: packed
+        4-bit codes take (n + 1) // 2)."""
+        size = ctypes.c_size_t()
+        self._call("flashopt_buffer_size", self.handle, i, name.encode(), ctypes.byref(size))
+        return size.value
+
     def read_buffer(self, i: int, name: str) -> torch.Tensor:
-        """Parameter i's buffer `name` (buffers()) as stored, flat, in host memory."""
-        for n, per, dt in self.buffers():
+        """Parameter i's buffer `name` (buffers()) as stored, flat, in host
+        memory: its elements in their dtype, or for packed 4-bit codes their
+        (n + 1) // 2 bytes (_nibbles.unpack gives one code per element)."""
+        for n, _, dt in self.buffers():
             if n == name:
-                numel = self.params[i].numel()
-                if per == "group":
-                    numel = -(-numel // int(self.info.group_size))
-                out = torch.empty(numel, dtype=dt)
+                size = self.buffer_size(i, name)
+                esize = torch.empty((), dtype=dt).element_size()
+                out = torch.empty(size // esize, dtype=dt)
                 self._call("flashopt_read_buffer", self.handle, i, name.encode(),
-                           ctypes.c_void_p(out.data_ptr()), out.numel() * out.element_size())
+                           ctypes.c_void_p(out.data_ptr()), size)
                 return out
         raise KeyError(f"flashopt: {self.spec} has no buffer {name!r}")
 
     def write_buffer(self, i: int, name: str, value: torch.Tensor):
-        """Overwrites parameter i's buffer `name` with `value`'s bits (its dtype and size)."""
+        """Overwrites parameter i's buffer `name` with `value`'s bits (its
+        dtype and size: packed bytes for 4-bit codes, whose pad nibble the
+        library clears)."""
         v = value.detach().to("cpu").contiguous()
         self._call("flashopt_write_buffer", self.handle, i, name.encode(),
                    ctypes.c_void_p(v.data_ptr()), v.numel() * v.element_size())

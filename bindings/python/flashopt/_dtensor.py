@@ -135,7 +135,7 @@ class ShardedParams(ParamSet):
             if p.device_mesh != self.ranks.mesh:
                 raise ValueError("flashopt: DTensor parameters on different device meshes; "
                                  "one optimizer steps parameters of one mesh")
-        sig = [opts.owner, opts.master_weight_bits, opts.quantize, opts.arithmetic,
+        sig = [opts.owner, opts.master_weight_bits, opts.state_bits, opts.arithmetic,
                opts.numerics, self.ranks.W, gi,
                sorted((k, repr(v)) for k, v in group.items() if k != "params")]
         sig += [(tuple(p.shape), str(p.dtype), str(p.placements[0])) for p in params]

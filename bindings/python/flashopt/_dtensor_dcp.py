@@ -12,7 +12,7 @@ from typing import Any, Dict
 import torch
 
 from . import _lib as L
-from . import _state
+from . import _nibbles, _state
 from ._collectives import on_every_rank
 from ._dtensor_exchange import Packing
 from ._dtensor_layout import dtensor_types
@@ -20,17 +20,23 @@ from ._dtensor_state import elem_buffers, entry_states, fill_pieces, own_states,
 from ._views import SPEC_KEY, STEP_KEY
 
 
+def _contiguous_stride(shape) -> tuple:
+    return torch.empty(tuple(shape), device="meta").stride()
+
+
 @torch.no_grad()
 def state_dict(sp, param_groups) -> Dict[str, Any]:
     """torch's layout: per parameter index "step", SPEC_KEY and the exact
     states as DTensors with the parameter's global shape (per-element
-    buffers) or the scale table's (per-group buffers). No communication."""
+    buffers; 4-bit codes packed per row, _nibbles.entry_shape, so Shard(0)
+    splits them like the parameter) or the scale table's (per-group
+    buffers). No communication."""
     DTensor, _, _ = dtensor_types()
     groups, _ = _state.torch_groups(param_groups)
     ckpt = {}
     for b in sp.bundles():
         if b.params:
-            ckpt[id(b)] = _state.read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))[0]
+            ckpt[id(b)] = _state.read_codes(b, b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))[0]
     state: Dict[int, Dict[str, Any]] = {}
     for lay in sp.layouts:
         b = lay.bundle
@@ -40,7 +46,13 @@ def state_dict(sp, param_groups) -> Dict[str, Any]:
         entry: Dict[str, Any] = {STEP_KEY: torch.tensor(float(lay.step)), SPEC_KEY: b.spec}
         for name, per, dt in b.buffers():
             v = own[name]
-            if per == "element":
+            if name in b.packed:  # 4-bit codes: this rank's rows packed per row
+                shape = _nibbles.entry_shape(lay.p.shape)
+                entry[name] = DTensor.from_local(
+                    _nibbles.pack_rows(v, local.shape).to(dev), sp.ranks.mesh,
+                    lay.p.placements, run_check=False, shape=torch.Size(shape),
+                    stride=_contiguous_stride(shape))
+            elif per == "element":
                 entry[name] = DTensor.from_local(
                     v.reshape(local.shape).to(dev), sp.ranks.mesh, lay.p.placements,
                     run_check=False, shape=lay.p.shape, stride=lay.p.stride())
@@ -90,7 +102,7 @@ def load_state_dict(sp, sd: Dict[str, Any]) -> None:
     for b in sp.bundles():
         if not b.params:
             continue
-        tensors, meta = _state.read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
+        tensors, meta = _state.read_codes(b, b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
         steps = {}
         for li, lay in enumerate(sp.layouts):
             if lay.bundle is not b:
@@ -101,7 +113,7 @@ def load_state_dict(sp, sd: Dict[str, Any]) -> None:
                             lay, li, fi, own[elem_buffers(b)[fi]], recv, packing, pc, dest))
             for pc in lay.pieces:
                 steps[pc.name] = step
-        datas.append((b, _state.write(tensors, _state.without_checksums(
+        datas.append((b, _state.write_codes(b, tensors, _state.without_checksums(
             _state.with_steps(meta, steps)))))
     for b, data in datas:
         b.load_checkpoint_bytes(data)

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from . import _lib as L
-from . import _specs, _state
+from . import _nibbles, _specs, _state
 from ._bundle import _Bundle, _float
 from ._dtensor_layout import Layout, Piece, dtensor_types
 from ._views import SPEC_KEY, STEP_KEY
@@ -114,8 +114,13 @@ def entry_states(lay: Layout, entry: Dict[str, Any], b: _Bundle):
         if v.dtype != dt:
             raise TypeError(f"flashopt: the state {name!r} of p{lay.gid} is {v.dtype}, "
                             f"{b.spec} holds {dt}")
+        packed = name in b.packed and per == "element"
         if isinstance(v, DTensor):
             local = v.to_local().detach().cpu()
+            if packed:  # this rank's rows, packed per row: one code per element
+                rows = lay.n // lay.L if lay.L else 0
+                local = _unpack_entry(lay, name, local,
+                                      (rows, *lay.shape[1:]) if lay.shape else ())
         elif per == "group" and v.dim() == 1:
             # A single-process state dict's flat scales, one per group of the
             # full tensor: this rank's groups [kf, kl].
@@ -132,6 +137,8 @@ def entry_states(lay: Layout, entry: Dict[str, Any], b: _Bundle):
             continue
         else:  # a full tensor: this rank's part
             full = v.detach().cpu()
+            if packed:
+                full = _unpack_entry(lay, name, full, lay.shape)
             local = (full.reshape(-1)[lay.s:lay.e] if per == "element"
                      else full[r0:r1] if full.dim() == 2 else full)
         if per == "element":
@@ -148,6 +155,15 @@ def entry_states(lay: Layout, entry: Dict[str, Any], b: _Bundle):
             own[name] = scales_from_table(lay, local)
     step = int(_float(entry.get(STEP_KEY, 0)))
     return own, step
+
+
+def _unpack_entry(lay: Layout, name: str, t: torch.Tensor, shape) -> torch.Tensor:
+    """One code per element (flat) from a packed 4-bit entry (or a rank's
+    local part of one) of a tensor of `shape` (_nibbles.entry_shape)."""
+    try:
+        return _nibbles.unpack_rows(t, shape)
+    except ValueError as e:
+        raise ValueError(f"flashopt: the state {name!r} of p{lay.gid}: {e}") from None
 
 
 def fill_pieces(lay: Layout, own: Dict[str, torch.Tensor], tensors: Dict[str, torch.Tensor],
@@ -176,7 +192,7 @@ def plain_checkpoint(b: _Bundle, entries: List[Optional[Dict[str, Any]]]) -> byt
     """A single-process bundle's compressed checkpoint from exact
     per-parameter entries (DCP's full state of an FSDP run): entries[i] is
     the entry of the bundle's parameter i (None: keep its state)."""
-    tensors, meta = _state.read(b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
+    tensors, meta = _state.read_codes(b, b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED))
     G = int(b.info.group_size)
     steps = {}
     for i, entry in enumerate(entries):
@@ -191,7 +207,8 @@ def plain_checkpoint(b: _Bundle, entries: List[Optional[Dict[str, Any]]]) -> byt
             raise type(e)(f"{e}; nothing was loaded") from None
         fill_pieces(lay, own, tensors, b, None)
         steps[b.names[i]] = step
-    return _state.write(tensors, _state.without_checksums(_state.with_steps(meta, steps)))
+    return _state.write_codes(b, tensors,
+                              _state.without_checksums(_state.with_steps(meta, steps)))
 
 
 def is_full_state(sd: Dict[str, Any]) -> bool:

@@ -20,6 +20,12 @@ CODE = {t: c for c, _, t in TABLE}  # torch -> flashopt_dtype
 NAME = {t: n for _, n, t in TABLE}  # torch -> name
 TORCH_OF_CODE = {c: t for c, _, t in TABLE}
 TORCH_OF_NAME = {n: t for _, n, t in TABLE}
+# Packed 4-bit codes (flashopt_dtype I4/U4, two per byte): held as their
+# bytes, torch.uint8, outside TABLE (uint8 is ui8's torch dtype there). A
+# buffer of n codes takes (n + 1) // 2 bytes (flashopt_buffer_size);
+# _nibbles.py converts between the bytes and one code per element.
+PACKED = {L.I4: "i4", L.U4: "ui4"}
+TORCH_OF_CODE.update({c: torch.uint8 for c in PACKED})
 # Parameter dtypes (the master weight's narrow part, or fp32).
 PARAM = (torch.bfloat16, torch.float16, torch.float32)
 # Correction-term dtypes (24- and 32-bit master weights).

@@ -32,7 +32,11 @@ ERROR_NUMERICS = 14
 
 # flashopt_dtype
 BF16, F16, F32, I8, U8, I16 = 0, 1, 2, 3, 4, 5
-DTYPE_NAMES = {BF16: "bf16", F16: "f16", F32: "f32", I8: "i8", U8: "ui8", I16: "i16"}
+# 4-bit state codes, packed two per byte, the even element in the low nibble
+# (docs/KERNEL-ABI.md "Packed buffers"): flashopt_dtype_size is 0 for them.
+I4, U4 = 6, 7
+DTYPE_NAMES = {BF16: "bf16", F16: "f16", F32: "f32", I8: "i8", U8: "ui8", I16: "i16",
+               I4: "i4", U4: "ui4"}
 
 DEVICE_CPU, DEVICE_CUDA = 1, 2
 CHECKPOINT_COMPRESSED, CHECKPOINT_F32 = 0, 1
@@ -234,6 +238,8 @@ _SIGS = {
     "flashopt_memory_report_get": (_c.c_int, [_vp, _c.POINTER(MemoryReport)]),
     "flashopt_export_master_f32": (_c.c_int, [_vp, _c.c_int64, _vp, _c.c_int64]),
     "flashopt_import_master_f32": (_c.c_int, [_vp, _c.c_int64, _vp, _c.c_int64]),
+    "flashopt_dtype_bits": (_c.c_size_t, [_c.c_int]),
+    "flashopt_buffer_size": (_c.c_int, [_vp, _c.c_int64, _c.c_char_p, _c.POINTER(_c.c_size_t)]),
     "flashopt_read_buffer": (_c.c_int, [_vp, _c.c_int64, _c.c_char_p, _vp, _c.c_size_t]),
     "flashopt_write_buffer": (_c.c_int, [_vp, _c.c_int64, _c.c_char_p, _vp, _c.c_size_t]),
     "flashopt_decode_master_f32": (_c.c_int, [_c.c_int, _vp, _c.c_int, _vp, _c.c_int64, _vp]),

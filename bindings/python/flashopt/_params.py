@@ -40,19 +40,19 @@ class Options:
     owner: str  # the optimizer class's name, for messages
     rule: str
     master_weight_bits: Optional[int]
-    quantize: bool
+    state_bits: int  # 4, 8 (codes) or 32 (fp32 states)
     arithmetic: str
     numerics: str
 
     def mode(self, dtype: torch.dtype) -> str:
         return (f"{dtype} parameters, master_weight_bits={self.master_weight_bits}, "
-                f"quantize={self.quantize}, arithmetic={self.arithmetic!r}, "
+                f"state_bits={self.state_bits}, arithmetic={self.arithmetic!r}, "
                 f"numerics={self.numerics!r}")
 
     def new_bundle(self, dtype: torch.dtype, device: torch.device) -> _Bundle:
         """The bundle for parameters of `dtype` on `device` (a
         MissingBundleError when the kernels directory has none)."""
-        spec = _specs.select(self.rule, dtype, self.master_weight_bits, self.quantize,
+        spec = _specs.select(self.rule, dtype, self.master_weight_bits, self.state_bits,
                              self.arithmetic, self.numerics, owner=self.owner)
         return _Bundle(self.owner, spec, dtype, device, self.mode(dtype))
 

@@ -13,7 +13,13 @@ parameter its "step", "flashopt.spec" and the exact compressed buffers in
 their own dtypes, named as the library names them ("correction",
 "exp_avg.codes", "exp_avg.scales", ...; an unquantized state under its own
 name): per-element buffers shaped like the parameter, per-group ones flat.
-No parameter and no fp32 state: AdamW bf16 + 24-bit is 3.125 B/param, and
+4-bit codes are packed two per byte along the parameter's last dimension,
+uint8 (*shape[:-1], ceil(shape[-1]/2)), a zero pad nibble per row when it
+is odd; a 1-D or 0-D parameter's one code per byte, uint8 (numel,)
+(_nibbles.py). The library's own checkpoints pack them flat; read_codes /
+write_codes convert at that boundary.
+No parameter and no fp32 state: AdamW bf16 + 24-bit is 3.125 B/param (4-bit
+states: 2.125), and
 the entries survive every tool that keeps only "state" and "param_groups"
 (DCP's get_optimizer_state_dict). The FSDP2 form (_dtensor_dcp.py) is the
 same entries as DTensors, its scales as row tables. fp32_states=True gives
@@ -34,7 +40,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from . import _lib as L
-from . import _specs
+from . import _nibbles, _specs
 from ._bundle import _TORCH_OF, _float
 from ._views import SPEC_KEY, STEP_KEY
 from .master import decode_master
@@ -58,6 +64,41 @@ def read(data: bytes) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
 def write(tensors: Dict[str, torch.Tensor], metadata: Dict[str, str]) -> bytes:
     from safetensors.torch import save
     return save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
+
+
+def _numels(b) -> Dict[str, int]:
+    return {n: p.numel() for n, p in zip(b.names, b.params)}
+
+
+def read_codes(b, data: bytes) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
+    """read() of bundle b's compressed checkpoint bytes, with its packed
+    4-bit codes ("<param>.<state>.codes", U8 [ceil(n/2)]) as one code per
+    element (uint8 [n], _nibbles.py): the form the binding slices, exchanges
+    and reassembles (_dtensor_state.py). write_codes() is the inverse."""
+    tensors, meta = read(data)
+    if b.packed:
+        numels = _numels(b)
+        for k, v in tensors.items():
+            pname, _, buf = k.partition(".")
+            if buf in b.packed and pname in numels:
+                tensors[k] = _nibbles.unpack(v, numels[pname])
+    return tensors, meta
+
+
+def write_codes(b, tensors: Dict[str, torch.Tensor], metadata: Dict[str, str]) -> bytes:
+    """write() of bundle b's compressed checkpoint tensors holding one code
+    per element (read_codes), packed back as the library stores them."""
+    if b.packed:
+        tensors = dict(tensors)
+        numels = _numels(b)
+        for k, v in tensors.items():
+            pname, _, buf = k.partition(".")
+            if buf in b.packed and pname in numels:
+                if v.numel() != numels[pname]:
+                    raise ValueError(f"flashopt: {k} holds {v.numel()} codes, its parameter "
+                                     f"{numels[pname]} elements")
+                tensors[k] = _nibbles.pack(v)
+    return write(tensors, metadata)
 
 
 def with_steps(meta: Dict[str, str], steps: Dict[str, int]) -> Dict[str, str]:
@@ -118,7 +159,10 @@ def state_dict(param_groups, bundles, fp32_states: bool = False) -> Dict[str, An
             st = {STEP_KEY: torch.tensor(float(b.get_step(i))), SPEC_KEY: b.spec}
             for name, per, _ in b.buffers():
                 t = b.read_buffer(i, name)
-                st[name] = t.reshape(p.shape) if per == "element" else t
+                if name in b.packed:  # 4-bit codes: packed per row (_nibbles.py)
+                    st[name] = _nibbles.pack_rows(_nibbles.unpack(t, p.numel()), p.shape)
+                else:
+                    st[name] = t.reshape(p.shape) if per == "element" else t
             state[b.global_ids[i]] = st
     return {"state": state, "param_groups": groups}
 

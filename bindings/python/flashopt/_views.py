@@ -3,7 +3,7 @@ libflashopt.
 
 torch.optim keeps each parameter's state in `opt.state[p]`, a dict of
 tensors ("step", "exp_avg", "exp_avg_sq", "momentum_buffer", ...). flashopt
-keeps its states compressed inside libflashopt (8-bit codes and group
+keeps its states compressed inside libflashopt (8- or 4-bit codes and group
 scales); `opt.state[p]` is a ParamState, a mapping with torch's keys whose
 values are decoded when read:
 

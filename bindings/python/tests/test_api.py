@@ -187,7 +187,7 @@ def test_missing_bundle_is_a_clear_error(tmp_path, monkeypatch):
     p = [torch.zeros(8, dtype=torch.bfloat16, requires_grad=True)]
     with pytest.raises(flashopt.MissingBundleError,
                        match="FlashAdam with torch.bfloat16 parameters, master_weight_bits=32, "
-                             "quantize=False.*rule 'adam'.*none of the 1 bundles"):
+                             "state_bits=32.*rule 'adam'.*none of the 1 bundles"):
         flashopt.FlashAdam(p, master_weight_bits=32, quantize=False)
     with pytest.raises(flashopt.MissingBundleError,
                        match="FlashLion with torch.float16 parameters, master_weight_bits=None"):
@@ -230,11 +230,92 @@ def test_every_combination_has_a_bundle():
                             assert bool(torch.isfinite(p).all()), (rule, dtype, mode)
                             assert not bool((p == 0.5).all()), (rule, dtype, mode)
                             seen.update(o.specs())
+    # 4-bit states (issue 42): every rule with bf16 + 24-bit masters and f32.
+    for rule, cls in classes.items():
+        kw = {"momentum": 0.9} if rule.startswith("sgd") else {}
+        for dtype, mwb, mode in ((torch.bfloat16, 24, "bf16_m24"), (torch.float32, None, "f32")):
+            p = torch.full((40,), 0.5, dtype=dtype, requires_grad=True)
+            o = cls([p], lr=1e-2, master_weight_bits=mwb, state_bits=4, **kw)
+            assert o.specs() == [f"{rule}_{mode}_4bit"] and o.state_bits == 4 and o.quantize
+            p.grad = torch.linspace(-1, 1, 40).to(dtype)
+            o.step()
+            assert bool(torch.isfinite(p).all()) and not bool((p == 0.5).all()), (rule, dtype)
+            seen.update(o.specs())
     shipped = {d.name for d in flashopt._lib.kernels_dir().iterdir()
                if (d / "manifest.json").is_file()}
     assert seen <= shipped
     # Every spec of the matrix (specs/generate.py) is reached by some mode.
-    assert len(seen) == 189, sorted(shipped - seen)
+    assert len(seen) == 199, sorted(shipped - seen)
+
+
+def test_state_bits_option_and_quantize():
+    """state_bits=4|8|32 (issue 42); quantize=True/False still mean 8/32;
+    both given and disagreeing is a ValueError naming both; the bundle is
+    chosen by the width its manifest says (flashopt_bundle_desc.state_bits)."""
+    def mk(**kw):
+        return flashopt.FlashAdamW([torch.zeros(64, dtype=torch.bfloat16, requires_grad=True)],
+                                   **kw)
+    for kw, spec, bits in (({}, "adamw_bf16_m24", 8),
+                           ({"state_bits": 8}, "adamw_bf16_m24", 8),
+                           ({"quantize": True}, "adamw_bf16_m24", 8),
+                           ({"state_bits": 4}, "adamw_bf16_m24_4bit", 4),
+                           ({"state_bits": 32}, "adamw_bf16_m24_f32states", 32),
+                           ({"quantize": False}, "adamw_bf16_m24_f32states", 32),
+                           ({"state_bits": 8, "quantize": True}, "adamw_bf16_m24", 8),
+                           ({"state_bits": 32, "quantize": False}, "adamw_bf16_m24_f32states",
+                            32)):
+        o = mk(**kw)
+        assert (o.specs(), o.state_bits, o.quantize) == ([spec], bits, bits != 32), kw
+    for sb, q in ((4, True), (4, False), (8, False), (32, True)):
+        with pytest.raises(ValueError, match=f"state_bits={sb} and quantize={q}"):
+            mk(state_bits=sb, quantize=q)
+    for bad in (16, 2, True, "4"):
+        with pytest.raises(ValueError, match="state_bits must be 4, 8 or 32"):
+            mk(state_bits=bad)
+    # The selection reads the width from the library, not from the name.
+    from flashopt import _specs
+    idx = _specs.index()
+    assert idx[_specs.Attrs("adamw", "bf16", 24, 4, "exact", "bounded")] == "adamw_bf16_m24_4bit"
+    assert idx[_specs.Attrs("sgd", "f32", None, 4, "exact", "bounded")] == "sgd_f32_4bit"
+    assert {a.state_bits for a in idx} == {4, 8, 32}
+    # spec_name: the positional quantize as before, and state_bits.
+    assert flashopt.spec_name("adamw", torch.bfloat16, 24, True) == "adamw_bf16_m24"
+    assert flashopt.spec_name("adamw", torch.bfloat16, 24, False) == "adamw_bf16_m24_f32states"
+    assert flashopt.spec_name("adamw", torch.bfloat16, 24) == "adamw_bf16_m24"
+    assert flashopt.spec_name("lion", torch.float32, None, state_bits=4) == "lion_f32_4bit"
+    assert flashopt.spec_name("adam", torch.bfloat16, 24, state_bits=32) == \
+        "adam_bf16_m24_f32states"
+    with pytest.raises(ValueError, match="state_bits=4 and quantize=True"):
+        flashopt.spec_name("adamw", torch.bfloat16, 24, True, state_bits=4)
+    # The option is documented with the others.
+    assert "state_bits (4, 8 or 32)" in flashopt.FlashAdamW.__doc__
+
+
+def test_four_bit_combinations_that_do_not_ship_are_missing_bundles():
+    # 4-bit bundles ship for bf16 + 24-bit masters and f32, exact arithmetic,
+    # bounded numerics; the rest is a MissingBundleError naming what is
+    # missing and what ships, and changes nothing.
+    for dtype, kw, what in (
+            (torch.bfloat16, {"master_weight_bits": None}, "master_weight_bits=None"),
+            (torch.bfloat16, {"master_weight_bits": 32}, "master_weight_bits=32"),
+            (torch.float16, {}, "torch.float16 parameters, master_weight_bits=24"),
+            (torch.bfloat16, {"arithmetic": "fast"}, "arithmetic='fast'"),
+            (torch.bfloat16, {"numerics": "flashoptim"}, "numerics='flashoptim'")):
+        p = torch.zeros(8, dtype=dtype, requires_grad=True)
+        with pytest.raises(flashopt.MissingBundleError) as e:
+            flashopt.FlashAdamW([p], state_bits=4, **kw)
+        msg = str(e.value)
+        assert what in msg and "state_bits=4" in msg, msg
+        assert "4-bit states ship for bf16 parameters with master_weight_bits=24" in msg, msg
+        assert "adamw_bf16_m24_4bit" in msg, msg  # the rule's bundles
+    with pytest.raises(flashopt.MissingBundleError, match="state_bits=4"):
+        flashopt.spec_name("sgd", torch.float16, 24, state_bits=4)
+    # A group of another dtype is refused before anything changes.
+    o = flashopt.FlashAdamW([torch.zeros(8, dtype=torch.bfloat16, requires_grad=True)],
+                            state_bits=4)
+    with pytest.raises(flashopt.MissingBundleError, match="torch.float16.*state_bits=4"):
+        o.add_param_group({"params": [torch.zeros(8, dtype=torch.float16)]})
+    assert len(o.param_groups) == 1 and o.specs() == ["adamw_bf16_m24_4bit"]
 
 
 def test_bad_arguments():

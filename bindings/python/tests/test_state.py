@@ -93,3 +93,60 @@ def test_state_dict_layout():
     assert set(sd["state"][0]) == {"step", "flashopt.spec", "momentum_buffer.codes",
                                    "momentum_buffer.scales"}
     assert set(opt.state_dict(fp32_states=True)["state"][0]) == {"step", "momentum_buffer"}
+
+
+def test_nibbles_pack_low_first_with_a_zero_pad():
+    from flashopt import _nibbles as N
+    codes = torch.tensor([1, 2, 3, 4, 15], dtype=torch.uint8)
+    assert N.pack(codes).tolist() == [0x21, 0x43, 0x0F]  # even low, pad nibble 0
+    assert N.pack(codes[:4]).tolist() == [0x21, 0x43]
+    assert torch.equal(N.unpack(N.pack(codes), 5), codes)
+    assert torch.equal(N.unpack(torch.tensor([0xF1], dtype=torch.uint8), 1), codes[:1] * 0 + 1)
+    with pytest.raises(ValueError, match="not a 4-bit code"):
+        N.pack(torch.tensor([16], dtype=torch.uint8))
+    with pytest.raises(ValueError, match="fewer than 5"):
+        N.unpack(torch.zeros(2, dtype=torch.uint8), 5)
+    # Rows: packed along the last dimension, a pad nibble per odd row; 1-D
+    # and 0-D one code per byte.
+    g = torch.Generator().manual_seed(0)
+    for shape in ((3, 5), (2, 3, 4), (4, 1), (7,), (1,), ()):
+        c = torch.randint(0, 16, shape, generator=g, dtype=torch.uint8)
+        e = N.pack_rows(c, shape)
+        assert tuple(e.shape) == N.entry_shape(shape)
+        assert torch.equal(N.unpack_rows(e, shape), c.reshape(-1))
+    assert N.entry_shape((3, 5)) == (3, 3) and N.entry_shape((2, 3, 4)) == (2, 3, 2)
+    assert N.entry_shape((7,)) == (7,) and N.entry_shape(()) == (1,)
+    e = N.pack_rows(torch.full((2, 3), 15, dtype=torch.uint8), (2, 3))
+    assert e.tolist() == [[0xFF, 0x0F], [0xFF, 0x0F]]
+    with pytest.raises(ValueError, match="expected"):
+        N.unpack_rows(torch.zeros(3, 2, dtype=torch.uint8), (3, 5))
+
+
+def test_four_bit_checkpoints_pack_flat_and_read_codes_unpacks():
+    # The library's compressed checkpoint holds U8 [ceil(n/2)] per 4-bit
+    # state (docs/RUNTIME.md); read_codes gives a code per element and
+    # write_codes packs them back to bytes the library loads unchanged.
+    opt, ps = stepped(state_bits=4)
+    (b,) = opt._bundle_list()
+    data = b.checkpoint_bytes(L.CHECKPOINT_COMPRESSED)
+    raw, meta = _state.read(data)
+    assert meta["packing"] == "nibbles:low-first"
+    assert "exp_avg=quantized:i4" in meta["state_encodings"]
+    codes, _ = _state.read_codes(b, data)
+    for i, p in enumerate(ps):
+        n = p.numel()
+        for name in ("exp_avg.codes", "exp_avg_sq.codes"):
+            key = f"p{i}.{name}"
+            assert raw[key].dtype == torch.uint8 and raw[key].shape == ((n + 1) // 2,)
+            assert torch.equal(raw[key], b.read_buffer(i, name))
+            assert codes[key].shape == (n,) and int(codes[key].max()) <= 15
+        assert torch.equal(codes[f"p{i}.exp_avg.scales"], raw[f"p{i}.exp_avg.scales"])
+    again = _state.write_codes(b, codes, _state.without_checksums(meta))
+    back, _ = _state.read(again)
+    assert all(torch.equal(back[k], raw[k]) for k in raw)
+    before = {n: b.read_buffer(0, n) for n, _, _ in b.buffers()}
+    b.load_checkpoint_bytes(again)
+    assert all(torch.equal(b.read_buffer(0, n), v) for n, v in before.items())
+    codes["p0.exp_avg.codes"] = codes["p0.exp_avg.codes"][:-1]
+    with pytest.raises(ValueError, match="p0.exp_avg.codes holds"):
+        _state.write_codes(b, codes, meta)

@@ -18,6 +18,10 @@ RULES = [
      ("exp_avg", "exp_avg_sq")),
     ("sgd-momentum", flashopt.FlashSGD, dict(lr=1e-2, momentum=0.9), ("momentum_buffer",)),
     ("lion", flashopt.FlashLion, dict(lr=1e-3), ("exp_avg",)),
+    # 4-bit states (issue 42): the views are fp32, decoded by the library.
+    ("adamw-4bit", flashopt.FlashAdamW, dict(lr=1e-2, state_bits=4), ("exp_avg", "exp_avg_sq")),
+    ("sgd-momentum-4bit", flashopt.FlashSGD, dict(lr=1e-2, momentum=0.9, state_bits=4),
+     ("momentum_buffer",)),
 ]
 
 
@@ -225,3 +229,61 @@ def test_compact_entries_are_checked_before_anything_loads():
         opt.load_state_dict(bad)
     opt.load_state_dict(good)
     assert float(opt.state[ps[0]]["step"]) == 2
+
+
+def test_four_bit_views_decode_and_write_through():
+    """opt.state[p] of 4-bit states: fp32, and exactly the codes and scales
+    of state_dict()'s entries decoded by docs/NUMERICS.md §2e's tables
+    (m: e2m1, a two's-complement nibble, ±{0, 1/8, 1/4, 3/8, 1/2, 3/4, 1,
+    3/2}·s; v: zero-free e3m1, {2^-8, 2^-7, 2^-6, 1.5·2^-6, ..., 1, 1.5}·s),
+    scales per 32 consecutive elements: the row-packed entries hold the
+    library's codes in the parameter's order."""
+    from flashopt import _nibbles as N
+    ps = make_params(9, torch.bfloat16)  # (7, 13), (33,), (64, 65), (1,)
+    opt = flashopt.FlashAdamW(ps, lr=1e-2, state_bits=4)
+    train(opt, ps, 3)
+    sd = opt.state_dict()
+    e2m1 = torch.tensor([0, 1 / 8, 1 / 4, 3 / 8, 1 / 2, 3 / 4, 1, 3 / 2])
+    e3m1 = torch.tensor([2.0 ** -8, 2.0 ** -7] + [f * 2.0 ** e for e in range(-6, 1)
+                                                   for f in (1, 1.5)])
+    for i, p in enumerate(ps):
+        st, n = sd["state"][i], p.numel()
+
+        def scales(name):
+            return st[name].float().repeat_interleave(32)[:n]
+        c = N.unpack_rows(st["exp_avg.codes"], p.shape).long()
+        k = torch.where(c >= 8, c - 16, c)
+        m = (torch.sign(k) * e2m1[k.abs()] * scales("exp_avg.scales")).reshape(p.shape)
+        v = (e3m1[N.unpack_rows(st["exp_avg_sq.codes"], p.shape).long()]
+             * scales("exp_avg_sq.scales")).reshape(p.shape)
+        view = opt.state[p]
+        assert view["exp_avg"].dtype == torch.float32 and view["exp_avg"].shape == p.shape
+        assert torch.equal(view["exp_avg"], m) and torch.equal(view["exp_avg_sq"], v), i
+        assert m.abs().max() > 0
+    p = ps[2]  # (64, 65): an odd last dimension
+    v = opt.state[p]["exp_avg_sq"]
+    opt.state[p]["exp_avg_sq"] = v  # decoded values re-encode to themselves
+    assert torch.equal(opt.state[p]["exp_avg_sq"], v)
+    opt.state[p]["exp_avg"] = torch.zeros(p.shape)
+    assert torch.equal(opt.state[p]["exp_avg"], torch.zeros(p.shape))
+    (b,) = opt._bundle_list()
+    assert int(b.read_buffer(2, "exp_avg.codes").max()) == 0  # zero codes, pad zero
+    train(opt, ps, 1, start=3)
+    assert all(torch.isfinite(q).all() for q in ps)
+
+
+def test_four_bit_compact_state_dict_size_and_memory():
+    # The model above with 4-bit states: 2 x (512, 512) weights (2.125 B/param:
+    # correction 1, codes 2 x 0.5, scales 2 x 2/32) and 2048 bias and norm
+    # elements (3.125: a code per byte), plus torch.save's framing; the
+    # memory report 6.125 B/param (4.125 with gradient release).
+    m = model(torch.bfloat16)
+    ps = list(m.parameters())
+    n = sum(p.numel() for p in ps)
+    opt = flashopt.FlashAdamW(ps, lr=1e-3, state_bits=4)
+    train(opt, ps, 2)
+    compact = saved_bytes(opt.state_dict()) / n
+    assert 2.125 <= compact <= 2.16, compact  # measured 2.148
+    r = opt.memory_report()
+    assert r["bytes_per_param"] == pytest.approx(6.125, abs=1e-3)
+    assert r["bytes_per_param_with_grad_release"] == pytest.approx(4.125, abs=1e-3)
