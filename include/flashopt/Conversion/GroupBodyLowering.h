@@ -79,6 +79,12 @@ struct GroupBodyEnv {
   /// Largest alignment (bytes) that accesses may assume; the actual
   /// alignment is min(this, width * element size).
   int64_t maxAlignment = 0;
+  /// Packed 4-bit codes as words (the GPU): a worker's W/2 bytes are
+  /// loaded as 32-bit (or, W = 4, 16-bit) integers and each nibble is
+  /// shifted out of its word, and stored the same way, instead of byte
+  /// vectors interleaved and deinterleaved (NVPTX scalarizes shuffles of
+  /// i8 vectors into byte permutes). The bits are the same.
+  bool packedAsWords = false;
   /// Combines a worker's partial maximum with the other workers of its
   /// group (GPU butterfly); null when a worker holds the whole group. The
   /// value is an f32 (float maximum) or, for absolute values, the i32 bits

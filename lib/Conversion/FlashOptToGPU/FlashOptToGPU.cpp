@@ -434,6 +434,7 @@ private:
     env.width = width;
     env.maxAlignment = 16;
     env.predication = Predication::PerAccess;
+    env.packedAsWords = true;
     env.active = active;
     env.isGroupLeader = isLeader;
     Value tableArg = table;

@@ -335,12 +335,11 @@ private:
 
   /// A full-width load of this worker's elements of a packed 4-bit buffer:
   /// W/2 bytes, each split into its low (even element) and high nibble,
-  /// sign-extended for i4 codes and zero-extended for ui4 ones, interleaved
-  /// into W i8 lanes.
+  /// zero-extended (the raw nibble, i4 and ui4 alike: a signed decode
+  /// sign-extends it in its own IR, which flashopt-decode-tables folds into
+  /// its table on the GPU), interleaved into W i8 lanes.
   Value loadPacked(Location loc, int64_t buffer) {
     int64_t n = env.width / 2;
-    bool isSigned =
-        kernel.getBuffer(buffer).getElementType().isSignlessInteger();
     VectorType bt = vecOf(b.getI8Type(), n);
     int64_t align = alignmentFor(b.getI8Type(), n);
     Value index = packedIndex(loc);
@@ -372,22 +371,89 @@ private:
                   .getResult(0);
       break;
     }
-    Value four = splatI8(loc, n, 4);
-    Value lo, hi;
-    if (isSigned) {
-      lo = arith::ShRSIOp::create(
-          b, loc, arith::ShLIOp::create(b, loc, bytes, four), four);
-      hi = arith::ShRSIOp::create(b, loc, bytes, four);
-    } else {
-      lo = arith::AndIOp::create(b, loc, bytes, splatI8(loc, n, 15));
-      hi = arith::ShRUIOp::create(b, loc, bytes, four);
-    }
+    if (env.packedAsWords)
+      return unpackWords(loc, bytes);
+    Value lo = arith::AndIOp::create(b, loc, bytes, splatI8(loc, n, 15));
+    Value hi = arith::ShRUIOp::create(b, loc, bytes, splatI8(loc, n, 4));
     SmallVector<int64_t> order;
     for (int64_t i = 0; i < n; ++i) {
       order.push_back(i);
       order.push_back(n + i);
     }
     return vector::ShuffleOp::create(b, loc, lo, hi, order);
+  }
+
+  /// The word form of packed codes (GroupBodyEnv::packedAsWords): the
+  /// worker's W/2 bytes as words of min(32, 4W) bits.
+  Type packedWordType() {
+    return b.getIntegerType(std::min<int64_t>(32, 4 * env.width));
+  }
+  int64_t packedWords() {
+    return 4 * env.width / packedWordType().getIntOrFloatBitWidth();
+  }
+
+  /// Lane j of the worker's codes is nibble j of its bytes (little-endian
+  /// words: bits 4j..4j+3 of the W/2 bytes): each lane takes its word
+  /// (a shuffle of the words widened to i32), shifts it right by 4j mod the
+  /// word's width and masks it, all as W-lane i32 vector operations, then
+  /// narrows to i8; LLVM folds the decode's extension of that narrowing
+  /// away (the lanes are known to be below 16), so no i8 vector is built.
+  Value unpackWords(Location loc, Value bytes) {
+    Type wordType = packedWordType();
+    int64_t wordBits = wordType.getIntOrFloatBitWidth();
+    Type i32 = b.getI32Type();
+    Value words = vector::BitCastOp::create(
+        b, loc, vecOf(wordType, packedWords()), bytes);
+    if (wordBits < 32)
+      words = arith::ExtUIOp::create(b, loc, vecOf(i32, packedWords()), words);
+    SmallVector<int64_t> pick;
+    SmallVector<int32_t> shifts;
+    for (int64_t j = 0; j < env.width; ++j) {
+      pick.push_back((4 * j) / wordBits);
+      shifts.push_back(int32_t((4 * j) % wordBits));
+    }
+    Value lanes = vector::ShuffleOp::create(b, loc, words, words, pick);
+    Value shifted = arith::ShRUIOp::create(
+        b, loc, lanes,
+        arith::ConstantOp::create(
+            b, loc, DenseElementsAttr::get(vecOf(i32), ArrayRef(shifts))));
+    Value masked = arith::AndIOp::create(
+        b, loc, shifted,
+        arith::ConstantOp::create(
+            b, loc,
+            DenseElementsAttr::get(vecOf(i32), b.getI32IntegerAttr(15))));
+    return arith::TruncIOp::create(b, loc, vecOf(b.getI8Type()), masked);
+  }
+
+  /// The worker's codes packed into its W/2 bytes, as words: lane j's low 4
+  /// bits at bits 4j..4j+3.
+  Value packWords(OpBuilder &ob, Location loc, Value v) {
+    Type wordType = packedWordType();
+    int64_t wordBits = wordType.getIntOrFloatBitWidth();
+    Type i32 = ob.getI32Type();
+    auto c32 = [&](int64_t x) {
+      return arith::ConstantOp::create(ob, loc,
+                                       ob.getI32IntegerAttr(int32_t(x)))
+          .getResult();
+    };
+    Value wide = arith::ExtUIOp::create(ob, loc, vecOf(i32), v);
+    SmallVector<Value> words(packedWords());
+    for (int64_t j = 0; j < env.width; ++j) {
+      Value lane = arith::AndIOp::create(
+          ob, loc, vector::ExtractOp::create(ob, loc, wide, j), c32(15));
+      int64_t shift = (4 * j) % wordBits;
+      if (shift)
+        lane = arith::ShLIOp::create(ob, loc, lane, c32(shift));
+      Value &w = words[(4 * j) / wordBits];
+      w = w ? arith::OrIOp::create(ob, loc, w, lane).getResult() : lane;
+    }
+    if (wordBits < 32)
+      for (Value &w : words)
+        w = arith::TruncIOp::create(ob, loc, wordType, w);
+    Value packed = vector::FromElementsOp::create(
+        ob, loc, vecOf(wordType, packedWords()), words);
+    return vector::BitCastOp::create(
+        ob, loc, vecOf(ob.getI8Type(), env.width / 2), packed);
   }
 
   /// A full-width store of this worker's elements to a packed 4-bit buffer:
@@ -399,6 +465,8 @@ private:
     Value index = packedIndex(loc);
     int64_t align = alignmentFor(b.getI8Type(), n);
     auto pack = [&](OpBuilder &ob, Location l, Value x) -> Value {
+      if (env.packedAsWords)
+        return packWords(ob, l, x);
       SmallVector<int64_t> even, odd;
       for (int64_t i = 0; i < n; ++i) {
         even.push_back(2 * i);

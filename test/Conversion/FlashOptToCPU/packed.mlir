@@ -2,16 +2,15 @@
 
 // Packed 4-bit codes (docs/KERNEL-ABI.md): a worker's W = 32 elements are
 // W/2 = 16 bytes at byte index elementIndex / 2, element 2j in the low and
-// 2j + 1 in the high nibble of byte j. Loads give i8 lanes, i4 codes
-// sign-extended (shl 4, ashr 4 / ashr 4) and ui4 codes zero-extended (and 15
-// / shr 4), interleaved; stores take the even and odd lanes' low 4 bits.
+// 2j + 1 in the high nibble of byte j. Loads give i8 lanes, the raw nibbles
+// (and 15 / shr 4) of i4 and ui4 codes alike (a signed decode sign-extends
+// them), interleaved; stores take the even and odd lanes' low 4 bits.
 // CHECK-LABEL: func.func @packed(
 // CHECK: scf.if
 // CHECK: %[[I2:.*]] = arith.shrui %[[E:.*]], %{{.*}} : index
 // CHECK: %[[MB:.*]] = flashopt.raw_load %{{.*}}[%[[I2]]] : vector<16xi8>
-// CHECK: %[[SHL:.*]] = arith.shli %[[MB]], %[[FOUR:.*]] : vector<16xi8>
-// CHECK: %[[MLO:.*]] = arith.shrsi %[[SHL]], %[[FOUR]] : vector<16xi8>
-// CHECK: %[[MHI:.*]] = arith.shrsi %[[MB]], %[[FOUR]] : vector<16xi8>
+// CHECK: %[[MLO:.*]] = arith.andi %[[MB]], %{{.*}} : vector<16xi8>
+// CHECK: %[[MHI:.*]] = arith.shrui %[[MB]], %{{.*}} : vector<16xi8>
 // CHECK: %[[M:.*]] = vector.shuffle %[[MLO]], %[[MHI]] [0, 16, 1, 17, 2, 18, {{.*}}, 15, 31] : vector<16xi8>, vector<16xi8>
 // CHECK: %[[VB:.*]] = flashopt.raw_load %{{.*}}[%{{.*}}] : vector<16xi8>
 // CHECK: %[[VLO:.*]] = arith.andi %[[VB]], %{{.*}} : vector<16xi8>

@@ -174,9 +174,14 @@ Value QuantAttr::emitMinifloatDecode(OpBuilder &b, Location loc, Value code,
                                      Value scale) const {
   ::flashopt::abi::MinifloatFormat fmt = getMinifloatFormat();
   Type i32 = b.getI32Type(), f32 = b.getF32Type();
-  Value c = fmt.isSigned
+  Value c = fmt.isSigned && getCodeBits() == 8
                 ? arith::ExtSIOp::create(b, loc, i32, code).getResult()
                 : arith::ExtUIOp::create(b, loc, i32, code).getResult();
+  // A packed signed code is loaded as its raw nibble: sign-extend bit 3.
+  if (fmt.isSigned && getCodeBits() == 4)
+    c = arith::ShRSIOp::create(
+        b, loc, arith::ShLIOp::create(b, loc, c, i32Constant(b, loc, 28)),
+        i32Constant(b, loc, 28));
   Value mag = c;
   if (fmt.isSigned)
     mag = math::AbsIOp::create(b, loc, c);

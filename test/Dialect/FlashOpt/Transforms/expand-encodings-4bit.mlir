@@ -1,9 +1,10 @@
 // RUN: flashopt-opt %s --flashopt-expand-encodings | FileCheck %s
 
 // 4-bit states (docs/NUMERICS.md §2e): packed i4/ui4 buffers accessed as i8
-// (the loaded nibble sign- or zero-extended, the stored code's low 4 bits
-// kept), each state's dither its own stream, the hash of t + k * 0x9E3779B9
-// at phase 0, where 8-bit states share H(t) at phases 3462 apart.
+// (the raw nibble loaded, 0..15, which a signed decode sign-extends from bit
+// 3 itself; the stored code's low 4 bits kept), each state's dither its own
+// stream, the hash of t + k * 0x9E3779B9 at phase 0, where 8-bit states
+// share H(t) at phases 3462 apart.
 // CHECK-LABEL: flashopt.kernel @four_bit
 // CHECK-SAME: #flashopt.buffer<"m.codes", i4, element, readwrite>
 // CHECK-SAME: #flashopt.buffer<"m.scales", bf16, group, readwrite>
@@ -13,7 +14,9 @@
 // CHECK: %[[STEP1:.*]] = arith.addi %[[STEP]], %[[C]] : i64
 // CHECK: flashopt.group_body
 // CHECK: %[[MC:.*]] = flashopt.load_element 2 : i8
-// CHECK: arith.extsi %[[MC]] : i8 to i32
+// CHECK: %[[MZ:.*]] = arith.extui %[[MC]] : i8 to i32
+// CHECK: %[[MS:.*]] = arith.shli %[[MZ]], %{{.*}} : i32
+// CHECK: arith.shrsi %[[MS]], %{{.*}} : i32
 // CHECK: %[[VC:.*]] = flashopt.load_element 4 : i8
 // CHECK: arith.extui %[[VC]] : i8 to i32
 // e2m1: a sign and 3 bits, the top magnitude code 7.

@@ -53,9 +53,10 @@ Type parseStorageTypeName(MLIRContext *ctx, llvm::StringRef name);
 
 /// The type a kernel loads and stores for a buffer of storage type `t`:
 /// arith works on signless integers of at least 8 bits, so ui8 codes are
-/// accessed as i8, and the packed 4-bit codes as i8 too: an i4 code
-/// sign-extended (-8..7), a ui4 one zero-extended (0..15); a store keeps
-/// the low 4 bits (docs/KERNEL-ABI.md, packed buffers).
+/// accessed as i8, and the packed 4-bit codes as i8 too: the raw nibble,
+/// zero-extended (0..15) for i4 and ui4 alike (a signed code's decode
+/// sign-extends it); a store keeps the low 4 bits (docs/KERNEL-ABI.md,
+/// packed buffers).
 Type accessType(Type t);
 
 } // namespace mlir::flashopt
