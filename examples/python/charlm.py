@@ -295,12 +295,17 @@ def takes_numerics(cls):
                for k in cls.__mro__ if "__init__" in vars(k))
 
 
-def make_flash_optimizers(model, weight_decay, lr, betas, *, master_weight_bits, quantize,
+def make_flash_optimizers(model, weight_decay, lr, betas, *, master_weight_bits, state_bits,
                           arithmetic, numerics=None):
     """FlashAdamW over the model's parameters. There is no fast-arithmetic fp32
     bundle: with --arithmetic fast, the fp32 parameters a bf16 model keeps (its
     LayerNorms) get a second FlashAdamW with exact arithmetic."""
-    kw = dict(lr=lr, betas=betas, master_weight_bits=master_weight_bits, quantize=quantize)
+    kw = dict(lr=lr, betas=betas, master_weight_bits=master_weight_bits)
+    # state_bits= (4, 8, 32) where the binding takes it; quantize= otherwise.
+    if state_bits == 4 or "state_bits" in inspect.signature(flashopt.FlashAdamW).parameters:
+        kw["state_bits"] = state_bits
+    else:
+        kw["quantize"] = state_bits == 8
     if numerics is not None:
         if not takes_numerics(flashopt.FlashAdamW):
             raise SetupError("this flashopt binding's FlashAdamW does not take numerics= yet; "
@@ -330,7 +335,7 @@ def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warm
           min_lr_ratio=0.1, weight_decay=0.1, betas=(0.9, 0.95), clip=1.0, seed=0,
           eval_every=100, val_batches=16, tied=True, corpus_bytes=4_000_000, min_char_count=1,
           flash_dtype="bf16", compute="fp32", arithmetic="exact", master_weight_bits=24,
-          quantize=True, numerics=None, loss_window=50, progress=True):
+          state_bits=8, numerics=None, loss_window=50, progress=True):
     """Trains both from the same initialization on the same batches; returns a
     dict of results (per-step train losses, validation curves, final metrics,
     sizes, timings)."""
@@ -359,7 +364,7 @@ def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warm
     opts = {
         "flashopt": make_flash_optimizers(flash_model, weight_decay, lr, betas,
                                           master_weight_bits=master_weight_bits,
-                                          quantize=quantize, arithmetic=arithmetic,
+                                          state_bits=state_bits, arithmetic=arithmetic,
                                           numerics=numerics),
         "torch": [torch.optim.AdamW(param_groups(torch_model, weight_decay), lr=lr,
                                     betas=betas)],
@@ -439,7 +444,7 @@ def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warm
                    "tied": tied, "flash_dtype": flash_dtype,
                    "compute": compute if flash_dtype != "fp32" else "fp32",
                    "arithmetic": arithmetic,
-                   "master_weight_bits": master_weight_bits, "quantize": quantize,
+                   "master_weight_bits": master_weight_bits, "state_bits": state_bits,
                    "numerics": numerics, "loss_window": w},
         "corpus": dict(corpus, train_chars=len(train_ids), val_chars=len(val_ids),
                        vocab=len(vocab),
@@ -472,7 +477,7 @@ def label(res):
         what = f"{c['flash_dtype']}+{mw}"
         if c["compute"] != "fp32":
             what += f", {c['flash_dtype']} compute"
-    states = "8-bit states" if c["quantize"] else "fp32 states"
+    states = {4: "4-bit states", 8: "8-bit states", 32: "fp32 states"}[c["state_bits"]]
     extra = "" if c["arithmetic"] == "exact" else f", {c['arithmetic']}"
     extra += "" if c["numerics"] is None else f", {c['numerics']}"
     return f"FlashAdamW ({what}, {states}{extra})"
@@ -531,7 +536,10 @@ def main(argv=None):
                     help="FlashAdamW's arithmetic (docs/NUMERICS.md)")
     ap.add_argument("--master-weight-bits", choices=("24", "32", "none"), default="24",
                     help="master weights of the bf16 model (fp32 parameters are their own)")
-    ap.add_argument("--no-quantize", action="store_true", help="fp32 optimizer states")
+    ap.add_argument("--state-bits", type=int, choices=(4, 8, 32), default=8,
+                    help="FlashAdamW's optimizer states: 4- or 8-bit codes, or fp32")
+    ap.add_argument("--no-quantize", action="store_true",
+                    help="fp32 optimizer states (--state-bits 32)")
     ap.add_argument("--numerics", choices=("bounded", "flashoptim"), default=None,
                     help="FlashAdamW(numerics=...): passed only when given")
     ap.add_argument("--out", default=str(ROOT / "build" / "demo" / "charlm.json"),
@@ -553,7 +561,8 @@ def main(argv=None):
                     arithmetic=args.arithmetic,
                     master_weight_bits=None if args.master_weight_bits == "none"
                     else int(args.master_weight_bits),
-                    quantize=not args.no_quantize, numerics=args.numerics,
+                    state_bits=32 if args.no_quantize else args.state_bits,
+                    numerics=args.numerics,
                     progress=not args.no_progress)
     except SetupError as e:
         print(f"charlm: {e}", file=sys.stderr)

@@ -72,7 +72,7 @@ def torch_optimizer_bytes(model, opt):
 
 
 def train(steps=300, lr=1e-3, batch=64, seed=0, progress=True, workdir=None,
-          arithmetic="exact"):
+          arithmetic="exact", state_bits=8):
     """Trains both; returns a dict of results (losses per step, final metrics, sizes)."""
     (xtr, ytr), (xte, yte) = load_digits(seed)
     base = make_model(seed)
@@ -83,7 +83,8 @@ def train(steps=300, lr=1e-3, batch=64, seed=0, progress=True, workdir=None,
     dtypes = {"flashopt": torch.bfloat16, "torch": torch.float32}
     opts = {
         "flashopt": flashopt.FlashAdamW(runs["flashopt"].parameters(), lr=lr, weight_decay=1e-2,
-                                        arithmetic=arithmetic),
+                                        arithmetic=arithmetic,
+                                        **({} if state_bits == 8 else {"state_bits": state_bits})),
         "torch": torch.optim.AdamW(runs["torch"].parameters(), lr=lr, weight_decay=1e-2),
     }
     g = torch.Generator().manual_seed(seed + 1)
@@ -227,12 +228,14 @@ def main(argv=None):
                     help="CPU threads for torch and libflashopt (0: torch's default)")
     ap.add_argument("--arithmetic", choices=("exact", "fast"), default="exact",
                     help="FlashAdamW's arithmetic (docs/NUMERICS.md §7)")
+    ap.add_argument("--state-bits", type=int, choices=(4, 8, 32), default=8,
+                    help="FlashAdamW's optimizer states: 4- or 8-bit codes, or fp32")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
         flashopt.set_cpu_threads(args.threads)
     print(f"flashopt {flashopt.version()} ({flashopt.library_path()}), torch {torch.__version__}")
-    res = train(args.steps, args.lr, arithmetic=args.arithmetic)
+    res = train(args.steps, args.lr, arithmetic=args.arithmetic, state_bits=args.state_bits)
     print()
     print(table(res))
     out = Path(args.out)

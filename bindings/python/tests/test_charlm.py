@@ -52,6 +52,24 @@ def test_charlm_trains_both_optimizers(tmp_path):
     assert sorted(res["specs"]) == ["adamw_bf16_m24", "adamw_f32"]
 
 
+def test_charlm_4bit_states(tmp_path):
+    """--state-bits 4: FlashAdamW with 4-bit states (the bf16 matrices'
+    adamw_bf16_m24_4bit, the fp32 LayerNorms' adamw_f32_4bit) trains beside
+    torch's fp32 AdamW from the same start and stays with it."""
+    steps = 30
+    p, out = run(tmp_path, "--steps", str(steps), "--eval-every", "10", "--state-bits", "4")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "4-bit states" in p.stdout
+    res = json.loads(out.read_text())
+    losses = res["losses"]["flashopt"]
+    assert all(math.isfinite(x) for x in losses), losses
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
+    assert abs(res["val_loss_diff_percent"]) < 2.0, res["final"]
+    # The bf16 matrices take 6.125 B/param; the fp32 LayerNorms, 9.125.
+    assert 6.125 < sum(res["memory"]["flashopt"].values()) < 6.5
+    assert sorted(res["specs"]) == ["adamw_bf16_m24_4bit", "adamw_f32_4bit"]
+
+
 def test_charlm_numerics_flag(tmp_path):
     """--numerics is passed to FlashAdamW; a binding without the argument
     gets a clear message, not a traceback."""

@@ -57,6 +57,16 @@ def test_rare_inputs_move_as_fp32_does(torch_rare_move, arithmetic):
     assert mine <= 3 * torch_rare_move, (mine, torch_rare_move)
 
 
+def test_rare_inputs_move_as_fp32_does_with_4bit_states(torch_rare_move):
+    """4-bit states (state_bits=4, adamw_f32_4bit: e2m1 m, zero-free e3m1 v,
+    docs/NUMERICS.md §2e): the largest first-layer move within 3x of torch's
+    fp32 AdamW, the bar of the 8-bit states (issue 42)."""
+    mine = first_layer_move(lambda p: flashopt.FlashAdamW(p, lr=1e-3, state_bits=4))
+    print(f"rare inputs, 4-bit states: largest first-layer move {mine:.4g}, "
+          f"torch fp32 {torch_rare_move:.4g} ({mine / torch_rare_move:.2f}x)")
+    assert mine <= 3 * torch_rare_move, (mine, torch_rare_move)
+
+
 def test_rare_inputs_blow_up_with_flashoptim_numerics(torch_rare_move):
     """The same test fails in FlashOptim's numerics: v rounds to code 0 while
     m keeps a code, and m / eps moves the weight by hundreds."""
