@@ -82,11 +82,12 @@ Value QuantAttr::emitDecode(OpBuilder &b, Location loc,
 /// Quantizes one element: returns {code as signless i8, the group's scale in
 /// the scale type}.
 SmallVector<Value> QuantAttr::emitEncode(OpBuilder &b, Location loc, Value x,
-                                         Value ditherStep,
-                                         int32_t ditherPhase) const {
+                                         Value ditherStep, int32_t ditherPhase,
+                                         bool subnormalFree) const {
   const CompanderInfo &compander = getCompanderInfo(getCompand());
   if (compander.isMinifloat())
-    return emitMinifloatEncode(b, loc, x, ditherStep, ditherPhase);
+    return emitMinifloatEncode(b, loc, x, ditherStep, ditherPhase,
+                               subnormalFree);
   Value dither;
   if (ditherStep)
     dither = DitherOp::create(b, loc, b.getF32Type(), ditherStep,
@@ -107,9 +108,8 @@ SmallVector<Value> QuantAttr::emitEncode(OpBuilder &b, Location loc, Value x,
     auto ft = cast<FloatType>(getScale());
     double maxFinite =
         llvm::APFloat::getLargest(ft.getFloatSemantics()).convertToDouble();
-    Value isInf =
-        arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, a,
-                              f32Constant(b, loc, INFINITY));
+    Value isInf = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, a,
+                                        f32Constant(b, loc, INFINITY));
     Value sat =
         arith::MinimumFOp::create(b, loc, a, f32Constant(b, loc, maxFinite));
     stored = arith::SelectOp::create(b, loc, isInf, a, sat);
@@ -196,9 +196,9 @@ Value QuantAttr::emitMinifloatDecode(OpBuilder &b, Location loc, Value code,
                             i32Constant(b, loc, fmt.firstNormalCode()));
   Value low = f32Constant(b, loc, fmt.value(0));
   if (fmt.subnormals) {
-    Value sub = arith::MulFOp::create(
-        b, loc, arith::SIToFPOp::create(b, loc, f32, mag),
-        f32Constant(b, loc, fmt.value(1)));
+    Value sub =
+        arith::MulFOp::create(b, loc, arith::SIToFPOp::create(b, loc, f32, mag),
+                              f32Constant(b, loc, fmt.value(1)));
     // Zero-free unsigned codes: code 0 is half the smallest subnormal.
     if (fmt.value(0) != 0.0)
       sub = arith::SelectOp::create(
@@ -227,7 +227,8 @@ Value QuantAttr::emitMinifloatDecode(OpBuilder &b, Location loc, Value code,
 /// take x's sign (docs/NUMERICS.md §2d).
 SmallVector<Value> QuantAttr::emitMinifloatEncode(OpBuilder &b, Location loc,
                                                   Value x, Value ditherStep,
-                                                  int32_t ditherPhase) const {
+                                                  int32_t ditherPhase,
+                                                  bool subnormalFree) const {
   ::flashopt::abi::MinifloatFormat fmt = getMinifloatFormat();
   Type i32 = b.getI32Type(), f32 = b.getF32Type();
   auto scaleType = cast<FloatType>(getScale());
@@ -236,9 +237,8 @@ SmallVector<Value> QuantAttr::emitMinifloatEncode(OpBuilder &b, Location loc,
   // +inf and NaN absmaxes are stored as they are (docs/NUMERICS.md §5); the
   // codes of their group are taken against the largest scale (a NaN's bits
   // differ by back end, so it is +inf here).
-  Value nonFinite =
-      arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UGE, amax,
-                            f32Constant(b, loc, INFINITY));
+  Value nonFinite = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UGE,
+                                          amax, f32Constant(b, loc, INFINITY));
   Value finiteMax = arith::SelectOp::create(
       b, loc, nonFinite, f32Constant(b, loc, INFINITY), amax);
   // The least power of two at least a / V_top: a's bits plus what the
@@ -249,8 +249,8 @@ SmallVector<Value> QuantAttr::emitMinifloatEncode(OpBuilder &b, Location loc,
       arith::AddIOp::create(b, loc, aBits,
                             i32Constant(b, loc, fmt.scaleRoundUpAddend())),
       i32Constant(b, loc, int64_t(int32_t(0xFF800000u))));
-  auto [minExp, maxExp] = fmt.scaleExponentRange(
-      scaleType.isF16() ? -14 : -126, scaleType.isF16() ? 15 : 127);
+  auto [minExp, maxExp] = fmt.scaleExponentRange(scaleType.isF16() ? -14 : -126,
+                                                 scaleType.isF16() ? 15 : 127);
   Value s = arith::MinimumFOp::create(
       b, loc,
       arith::MaximumFOp::create(b, loc,
@@ -259,8 +259,9 @@ SmallVector<Value> QuantAttr::emitMinifloatEncode(OpBuilder &b, Location loc,
       f32Constant(b, loc, std::ldexp(1.0, maxExp)));
   // 2^(emax − 127 − E) for s = 2^E: an f32 normal (exponent field emax +
   // 127 − s's) or subnormal (1 << (22 + that field)).
-  Value sField = arith::ShRUIOp::create(
-      b, loc, arith::BitcastOp::create(b, loc, i32, s), i32Constant(b, loc, 23));
+  Value sField =
+      arith::ShRUIOp::create(b, loc, arith::BitcastOp::create(b, loc, i32, s),
+                             i32Constant(b, loc, 23));
   Value kField = arith::SubIOp::create(
       b, loc, i32Constant(b, loc, fmt.emax() + 127), sField);
   Value kNormal =
@@ -280,25 +281,59 @@ SmallVector<Value> QuantAttr::emitMinifloatEncode(OpBuilder &b, Location loc,
   Value k = arith::BitcastOp::create(b, loc, f32, kBits);
   Value stored32 = arith::SelectOp::create(b, loc, nonFinite, amax, s);
   Value stored = emitNarrowFromF32(b, loc, stored32, scaleType);
-  Value r = arith::MulFOp::create(b, loc, absX, k);
+  Value r, rbits;
+  if (subnormalFree) {
+    // The same bits without a subnormal product: r' = |x| * k * 2^24 is
+    // exact and normal (k * 2^24 >= 2^-125 for every scale allowed), so
+    // bits(r) = bits(r') - 24 << 23 where r is normal (r' >= 2^-102);
+    // below, r is an f32 subnormal, whose bits are r / 2^-149 rounded to
+    // nearest even: t = r' * 2^125 (exact, < 2^23 there) rounded by
+    // (t + 2^23) - 2^23 (no intermediate rounding but that one). A NaN
+    // keeps its bits, as the product would.
+    Value kp = arith::BitcastOp::create(
+        b, loc, f32,
+        arith::ShLIOp::create(
+            b, loc,
+            arith::AddIOp::create(b, loc, kField, i32Constant(b, loc, 24)),
+            i32Constant(b, loc, 23)));
+    Value rp = arith::MulFOp::create(b, loc, absX, kp);
+    Value normalBits =
+        arith::SubIOp::create(b, loc, arith::BitcastOp::create(b, loc, i32, rp),
+                              i32Constant(b, loc, int64_t(24) << 23));
+    Value t = arith::MinNumFOp::create(
+        b, loc,
+        arith::MulFOp::create(b, loc, rp,
+                              f32Constant(b, loc, std::ldexp(1.0, 125))),
+        f32Constant(b, loc, std::ldexp(1.0, 23)));
+    Value magic = f32Constant(b, loc, std::ldexp(1.0, 23));
+    Value rounded = arith::SubFOp::create(
+        b, loc, arith::AddFOp::create(b, loc, t, magic), magic);
+    Value subBits = arith::FPToUIOp::create(b, loc, i32, rounded);
+    Value isSub =
+        arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OLT, rp,
+                              f32Constant(b, loc, std::ldexp(1.0, -102)));
+    rbits = arith::SelectOp::create(b, loc, isSub, subBits, normalBits);
+  } else {
+    r = arith::MulFOp::create(b, loc, absX, k);
+  }
   // The dither word h << 18 (h in the top 14 bits) moved to the code's last
   // place: (h << 18) >> (9 + M) = h << (9 - M), the fraction of a code in
   // units of 2^-(23 - M); without a dither (FlashOptim numerics) one half
   // less one bit: round to nearest, ties down, so that a zero-free code 0's
   // value (half the first subnormal step) encodes back to code 0.
   int shift = 23 - fmt.mantissaBits;
-  Value word =
-      ditherStep
-          ? DitherOp::create(b, loc, i32, ditherStep, b.getF32FloatAttr(0.0f),
-                             b.getI32IntegerAttr(ditherPhase))
-                .getResult()
-          : i32Constant(b, loc, (int64_t(1) << 31) - 1);
-  Value add = arith::ShRUIOp::create(b, loc, word,
-                                     i32Constant(b, loc, 32 - shift));
-  Value rbits = arith::BitcastOp::create(b, loc, i32, r);
-  Value rounded = arith::ShRUIOp::create(
-      b, loc, arith::AddIOp::create(b, loc, rbits, add),
-      i32Constant(b, loc, shift));
+  Value word = ditherStep ? DitherOp::create(b, loc, i32, ditherStep,
+                                             b.getF32FloatAttr(0.0f),
+                                             b.getI32IntegerAttr(ditherPhase))
+                                .getResult()
+                          : i32Constant(b, loc, (int64_t(1) << 31) - 1);
+  Value add =
+      arith::ShRUIOp::create(b, loc, word, i32Constant(b, loc, 32 - shift));
+  if (!rbits)
+    rbits = arith::BitcastOp::create(b, loc, i32, r);
+  Value rounded =
+      arith::ShRUIOp::create(b, loc, arith::AddIOp::create(b, loc, rbits, add),
+                             i32Constant(b, loc, shift));
   // At most top: a NaN, or an absmax beyond the scale's range.
   Value q = arith::MinUIOp::create(b, loc, rounded,
                                    i32Constant(b, loc, fmt.topCode()));
@@ -306,8 +341,8 @@ SmallVector<Value> QuantAttr::emitMinifloatEncode(OpBuilder &b, Location loc,
     Value neg = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OLT, x,
                                       f32Constant(b, loc, 0.0));
     q = arith::SelectOp::create(
-        b, loc, neg,
-        arith::SubIOp::create(b, loc, i32Constant(b, loc, 0), q), q);
+        b, loc, neg, arith::SubIOp::create(b, loc, i32Constant(b, loc, 0), q),
+        q);
   }
   Value code = arith::TruncIOp::create(b, loc, b.getI8Type(), q);
   return {code, stored};
@@ -328,7 +363,7 @@ Value PlainAttr::emitDecode(OpBuilder &b, Location loc,
 }
 
 SmallVector<Value> PlainAttr::emitEncode(OpBuilder &b, Location loc, Value x,
-                                         Value, int32_t) const {
+                                         Value, int32_t, bool) const {
   return {emitNarrowFromF32(b, loc, x, getStorage())};
 }
 
@@ -350,7 +385,7 @@ Value ElidedAttr::emitDecode(OpBuilder &b, Location loc,
 }
 
 SmallVector<Value> ElidedAttr::emitEncode(OpBuilder &, Location, Value, Value,
-                                          int32_t) const {
+                                          int32_t, bool) const {
   return {};
 }
 

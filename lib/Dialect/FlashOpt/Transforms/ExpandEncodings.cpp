@@ -156,8 +156,8 @@ void canonicalizeStoredNaNs(GroupBodyOp body) {
 /// bundle.
 class OptimizerExpansion {
 public:
-  OptimizerExpansion(OptimizerOp op, KernelKind kind)
-      : op(op), kind(kind), loc(op.getLoc()), plan(planBuffers(op)),
+  OptimizerExpansion(OptimizerOp op, KernelKind kind, bool subnormalFree)
+      : op(op), kind(kind), subnormalFree(subnormalFree), loc(op.getLoc()), plan(planBuffers(op)),
         gb(op.getContext()), em(gb, loc) {}
 
   LogicalResult run() {
@@ -405,7 +405,7 @@ private:
           phase = (k * DitherOp::kStatePhase) & 0x3FFF;
       }
       SmallVector<Value> stored = state.getEncoding().emitEncode(
-          gb, loc, results[i + 1], stateStep, phase);
+          gb, loc, results[i + 1], stateStep, phase, subnormalFree);
       ArrayRef<int64_t> buffers = plan.states[i];
       assert(stored.size() == buffers.size() &&
              "an encoding stores one value per buffer");
@@ -467,6 +467,8 @@ private:
 
   OptimizerOp op;
   KernelKind kind;
+  /// Encodes without subnormal products (the pass option).
+  bool subnormalFree;
   Location loc;
   BufferPlan plan;
   OpBuilder gb; ///< at the end of the group body
@@ -486,7 +488,7 @@ struct FlashOptExpandEncodingsPass
     SmallVector<OptimizerOp> optimizers;
     getOperation().walk([&](OptimizerOp op) { optimizers.push_back(op); });
     for (OptimizerOp op : optimizers)
-      if (failed(OptimizerExpansion(op, kernelKind).run()))
+      if (failed(OptimizerExpansion(op, kernelKind, subnormalFreeCodes).run()))
         return signalPassFailure();
   }
 };

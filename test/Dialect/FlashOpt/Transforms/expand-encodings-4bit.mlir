@@ -1,4 +1,5 @@
 // RUN: flashopt-opt %s --flashopt-expand-encodings | FileCheck %s
+// RUN: flashopt-opt %s '--flashopt-expand-encodings=subnormal-free-codes=true' | FileCheck %s --check-prefix=SF
 
 // 4-bit states (docs/NUMERICS.md §2e): packed i4/ui4 buffers accessed as i8
 // (the raw nibble loaded, 0..15, which a signed decode sign-extends from bit
@@ -40,3 +41,25 @@ flashopt.optimizer @four_bit param(#flashopt.master<f32>) grad(f32) {
     flashopt.yield %t1, %m1, %v1 : f32, f32, f32
   }
 }
+
+// subnormal-free-codes (the CPU pipeline): r' = |x| * k * 2^24, exact and
+// normal (k * 2^24 from the exponent field plus 24), gives the normal codes'
+// bits less 24 << 23; below 2^-102 (r an f32 subnormal) the bits are
+// r' * 2^125 rounded to an integer by + 2^23 - 2^23 (capped at 2^23 first):
+// the same bits as the product |x| * k, without producing a subnormal.
+// SF-LABEL: flashopt.kernel @four_bit
+// SF: %[[KF:.*]] = arith.addi %{{.*}}, %c24_i32 : i32
+// SF: %[[KB:.*]] = arith.shli %[[KF]], %{{.*}} : i32
+// SF: %[[KP:.*]] = arith.bitcast %[[KB]] : i32 to f32
+// SF: %[[RP:.*]] = arith.mulf %{{.*}}, %[[KP]] : f32
+// SF: %[[RB:.*]] = arith.bitcast %[[RP]] : f32 to i32
+// SF: %[[NB:.*]] = arith.subi %[[RB]], %{{.*}}201326592{{.*}} : i32
+// SF: %[[T:.*]] = arith.mulf %[[RP]], %{{.*}} : f32
+// SF: %[[TC:.*]] = arith.minnumf %[[T]], %{{.*}} : f32
+// SF: %[[A:.*]] = arith.addf %[[TC]], %[[MAGIC:.*]] : f32
+// SF: %[[RT:.*]] = arith.subf %[[A]], %[[MAGIC]] : f32
+// SF: %[[SB:.*]] = arith.fptoui %[[RT]] : f32 to i32
+// SF: %[[LIM:.*]] = arith.constant 1.97215226E-31 : f32
+// SF: %[[SUB:.*]] = arith.cmpf olt, %[[RP]], %[[LIM]] : f32
+// SF: arith.select %[[SUB]], %[[SB]], %[[NB]] : i32
+// SF: flashopt.dither

@@ -208,7 +208,7 @@ def FlashOpt_QuantAttr
     ::llvm::SmallVector<::mlir::Value>
     emitMinifloatEncode(::mlir::OpBuilder &b, ::mlir::Location loc,
                         ::mlir::Value x, ::mlir::Value ditherStep,
-                        int32_t ditherPhase) const;
+                        int32_t ditherPhase, bool subnormalFree) const;
   }];
 }
 

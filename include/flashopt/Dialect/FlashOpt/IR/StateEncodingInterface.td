@@ -75,12 +75,15 @@ def FlashOpt_StateEncodingInterface
         nearest); an encoding that rounds to a code uses the dither in place
         of one half (docs/NUMERICS.md §8). Each state of an optimizer gets
         its own phase, so that the rounding errors of one element's states
-        are uncorrelated (§8.3).
+        are uncorrelated (§8.3). `subnormalFree` asks for arithmetic that
+        never produces a subnormal from normal operands (x86 takes a
+        microcode assist for each), with the same bits (the CPU pipeline
+        sets it; docs/NUMERICS.md §2d).
       }],
       "::llvm::SmallVector<::mlir::Value>", "emitEncode",
       (ins "::mlir::OpBuilder &":$builder, "::mlir::Location":$loc,
            "::mlir::Value":$value, "::mlir::Value":$ditherStep,
-           "int32_t":$ditherPhase)>,
+           "int32_t":$ditherPhase, "bool":$subnormalFree)>,
     InterfaceMethod<[{
         Fills the encoding fields of a manifest state (the ABI library's
         model, abi/Manifest.h: kind, storage, group, compand, scale); the

@@ -69,7 +69,11 @@ def FlashOptExpandEncodings : Pass<"flashopt-expand-encodings", "::mlir::ModuleO
                         "step_accumulated",
                         "steps on the accumulated gradient, zeroes it"),
              clEnumValN(::mlir::flashopt::KernelKind::StepFused, "step_fused",
-                        "adds the last micro-batch in registers and steps"))}]>
+                        "adds the last micro-batch in registers and steps"))}]>,
+    Option<"subnormalFreeCodes", "subnormal-free-codes", "bool",
+           /*default=*/"false",
+           "Encode minifloat codes without subnormal products (same bits; "
+           "x86 takes a microcode assist for each: the CPU pipeline sets it)">
   ];
 }
 
