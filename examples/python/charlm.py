@@ -270,7 +270,12 @@ def torch_optimizer_bytes(model, opt):
     """Bytes per parameter of fp32 training with torch AdamW: params, grads and states."""
     n = sum(p.numel() for p in model.parameters())
     pb = sum(p.numel() * p.element_size() for p in model.parameters())
-    sb = sum(v.numel() * v.element_size() for st in opt.state.values() for k, v in st.items()
+    def nbytes(v):
+        # torchao's low-bit states (OptimState4bit): packed codes plus scales.
+        if hasattr(v, "codes") and hasattr(v, "scale"):
+            return v.codes.numel() * v.codes.element_size() + v.scale.numel() * v.scale.element_size()
+        return v.numel() * v.element_size()
+    sb = sum(nbytes(v) for st in opt.state.values() for k, v in st.items()
              if torch.is_tensor(v) and k != "step")
     return {"params": pb / n, "correction": 0.0, "grads": pb / n, "states": sb / n}
 
@@ -331,11 +336,25 @@ def make_flash_optimizers(model, weight_decay, lr, betas, *, master_weight_bits,
     return opts
 
 
+def make_baseline(name, groups, lr, betas):
+    """The fp32 model's optimizer: torch's AdamW, or (--baseline
+    torchao-adamw4bit, bench/state_bits_quality.md) torchao's AdamW4bit, 4-bit
+    states over fp32 parameters (torch.compile'd per parameter; its own rule
+    keeps tensors under 4096 elements in fp32)."""
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=betas)
+    try:
+        from torchao.optim import AdamW4bit
+    except ImportError as e:
+        raise SetupError(f"--baseline {name} needs torchao (pip install torchao): {e}") from e
+    return AdamW4bit(groups, lr=lr, betas=betas)
+
+
 def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warmup=None,
           min_lr_ratio=0.1, weight_decay=0.1, betas=(0.9, 0.95), clip=1.0, seed=0,
           eval_every=100, val_batches=16, tied=True, corpus_bytes=4_000_000, min_char_count=1,
           flash_dtype="bf16", compute="fp32", arithmetic="exact", master_weight_bits=24,
-          state_bits=8, numerics=None, loss_window=50, progress=True):
+          state_bits=8, numerics=None, loss_window=50, progress=True, baseline="adamw"):
     """Trains both from the same initialization on the same batches; returns a
     dict of results (per-step train losses, validation curves, final metrics,
     sizes, timings)."""
@@ -366,8 +385,7 @@ def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warm
                                           master_weight_bits=master_weight_bits,
                                           state_bits=state_bits, arithmetic=arithmetic,
                                           numerics=numerics),
-        "torch": [torch.optim.AdamW(param_groups(torch_model, weight_decay), lr=lr,
-                                    betas=betas)],
+        "torch": [make_baseline(baseline, param_groups(torch_model, weight_decay), lr, betas)],
     }
     scheds = {k: [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda(steps, warmup, min_lr_ratio))
                   for o in olist] for k, olist in opts.items()}
@@ -404,7 +422,7 @@ def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warm
             pass
     for s in it:
         xb, yb = windows(train_ids, starts[s], seq)
-        lrs.append(opts["torch"][0].param_groups[0]["lr"])
+        lrs.append(float(opts["torch"][0].param_groups[0]["lr"]))
         for k, model in runs.items():
             t0 = time.perf_counter()
             for o in opts[k]:
@@ -445,7 +463,7 @@ def train(steps=1000, batch=32, seq=64, layers=3, dim=96, heads=4, lr=3e-3, warm
                    "compute": compute if flash_dtype != "fp32" else "fp32",
                    "arithmetic": arithmetic,
                    "master_weight_bits": master_weight_bits, "state_bits": state_bits,
-                   "numerics": numerics, "loss_window": w},
+                   "numerics": numerics, "loss_window": w, "baseline": baseline},
         "corpus": dict(corpus, train_chars=len(train_ids), val_chars=len(val_ids),
                        vocab=len(vocab),
                        unknown_val_chars=int((val_ids == 0).sum())),
@@ -488,7 +506,8 @@ def table(res) -> str:
     mf, mt = res["memory"]["flashopt"], res["memory"]["torch"]
     w = res["config"]["loss_window"]
     rows = [
-        ("", label(res), "torch AdamW (fp32)"),
+        ("", label(res), "torch AdamW (fp32)" if res["config"].get("baseline", "adamw") == "adamw"
+         else "torchao AdamW4bit (fp32 params)"),
         (f"final train loss (mean of last {w} steps)", f"{f['train_loss']:.4f}",
          f"{t['train_loss']:.4f}"),
         ("validation loss (fp32 eval, nats/char)", f"{f['val_loss']:.4f}", f"{t['val_loss']:.4f}"),
@@ -536,6 +555,8 @@ def main(argv=None):
                     help="FlashAdamW's arithmetic (docs/NUMERICS.md)")
     ap.add_argument("--master-weight-bits", choices=("24", "32", "none"), default="24",
                     help="master weights of the bf16 model (fp32 parameters are their own)")
+    ap.add_argument("--baseline", choices=("adamw", "torchao-adamw4bit"), default="adamw",
+                    help="the fp32 model's optimizer: torch's AdamW, or torchao's AdamW4bit")
     ap.add_argument("--state-bits", type=int, choices=(4, 8, 32), default=8,
                     help="FlashAdamW's optimizer states: 4- or 8-bit codes, or fp32")
     ap.add_argument("--no-quantize", action="store_true",
@@ -562,7 +583,7 @@ def main(argv=None):
                     master_weight_bits=None if args.master_weight_bits == "none"
                     else int(args.master_weight_bits),
                     state_bits=32 if args.no_quantize else args.state_bits,
-                    numerics=args.numerics,
+                    numerics=args.numerics, baseline=args.baseline,
                     progress=not args.no_progress)
     except SetupError as e:
         print(f"charlm: {e}", file=sys.stderr)
