@@ -35,7 +35,8 @@ chips = {k["target"]: k for k in m["kernels"] if k["target"].startswith("sm_")}
 missing = {"sm_80", "sm_90", "sm_100"} - set(chips)
 assert not missing, f"{path}: no GPU kernel for {sorted(missing)}"
 import re
-SIZES = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "ui8": 1, "u8": 1, "i16": 2, "u16": 2, "ui16": 2}
+SIZES = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "ui8": 1, "u8": 1, "i16": 2, "u16": 2, "ui16": 2,
+         "i4": 0.5, "ui4": 0.5}  # packed 4-bit codes: half a byte
 widest = max(SIZES[b["dtype"]] for b in m["buffers"] if b["per"] == "element")
 for chip, k in chips.items():
     assert os.path.isfile(os.path.join(d, k["file"])), f"{path}: {chip}: PTX {k['file']} missing"
