@@ -272,6 +272,41 @@ inline std::pair<double, double> absentTokens(Mode m, float beta2, int absent) {
   return {v / (n / 2), upd / (n / 2)};
 }
 
+/// Lion's paused momentum (issue 39): every element gets N(0, 1) gradients
+/// for 200 steps; then one per two groups gets none for 300 steps and then
+/// -0.01 times the sign of its gradient at step 200 for 300 more. Returns
+/// {how many of those 64 weights still move against the returning
+/// gradient, their mean move along it in lr} over the last 300 steps.
+inline std::pair<int, double> lionReversal(Mode m) {
+  const int64_t n = 4096;
+  Run r = make("lion", m, n, {{"lr", 1e-3f}});
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> sign, start;
+  for (int s = 1; s <= 800; ++s) {
+    for (int64_t i = 0; i < n; ++i)
+      r.grad[size_t(i)] = normal(rng);
+    if (s == 200)
+      for (int64_t i = 0; i < n; i += 64)
+        sign.push_back(r.grad[size_t(i)] > 0 ? 1.0f : -1.0f);
+    if (s > 200)
+      for (int64_t i = 0, k = 0; i < n; i += 64, ++k)
+        r.grad[size_t(i)] = s <= 500 ? 0.0f : -0.01f * sign[size_t(k)];
+    if (s == 501)
+      start = r.param;
+    r.step();
+  }
+  int against = 0;
+  double sum = 0;
+  for (int64_t i = 0, k = 0; i < n; i += 64, ++k) {
+    double along = (double(r.param[size_t(i)]) - start[size_t(i)]) *
+                   sign[size_t(k)] / 1e-3;
+    against += along < 0;
+    sum += along;
+  }
+  return {against, sum / 64.0};
+}
+
 } // namespace flashopt::ref::hazards
 
 #endif // FLASHOPT_UNITTESTS_NUMERICS_STATEHAZARDRUNS_H

@@ -89,38 +89,9 @@ TEST_CASE("4-bit state hazard: sticky codes after a gradient stops (Adam, "
 
 TEST_CASE("4-bit state hazard: Lion's momentum freezes after its gradient "
           "stops") {
-  const int64_t n = 4096;
-  auto run = [&](Mode m) {
-    Run r = make("lion", m, n, {{"lr", 1e-3f}});
-    std::mt19937 rng(13);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> sign, start;
-    for (int s = 1; s <= 800; ++s) {
-      for (int64_t i = 0; i < n; ++i)
-        r.grad[size_t(i)] = normal(rng);
-      if (s == 200)
-        for (int64_t i = 0; i < n; i += 64)
-          sign.push_back(r.grad[size_t(i)] > 0 ? 1.0f : -1.0f);
-      if (s > 200)
-        for (int64_t i = 0, k = 0; i < n; i += 64, ++k)
-          r.grad[size_t(i)] = s <= 500 ? 0.0f : -0.01f * sign[size_t(k)];
-      if (s == 501)
-        start = r.param;
-      r.step();
-    }
-    int against = 0;
-    double sum = 0;
-    for (int64_t i = 0, k = 0; i < n; i += 64, ++k) {
-      double along = (double(r.param[size_t(i)]) - start[size_t(i)]) *
-                     sign[size_t(k)] / 1e-3;
-      against += along < 0;
-      sum += along;
-    }
-    return std::make_pair(against, sum / 64.0);
-  };
-  auto ref = run(Mode::F32);
-  auto nearest = run(Mode::Nearest4);
-  auto bounded = run(Mode::Bounded4);
+  auto ref = lionReversal(Mode::F32);
+  auto nearest = lionReversal(Mode::Nearest4);
+  auto bounded = lionReversal(Mode::Bounded4);
   MESSAGE("Lion at 4 bits, 300 steps of a small reversed gradient after 300 "
           "paused steps: weights still moving against it (of 64) and mean "
           "move along it in lr: fp32 "

@@ -97,44 +97,9 @@ TEST_CASE("state hazard: Lion's momentum freezes after its gradient stops") {
   // where fp32's decays 0.99^t. When the weight's gradient returns small
   // and of the other sign, no increment of 0.01 g registers: FlashOptim
   // keeps moving the weight the old way for good.
-  const int64_t n = 4096;
-  auto run = [&](Mode m) {
-    Run r = make("lion", m, n, {{"lr", 1e-3f}});
-    std::mt19937 rng(13);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> sign, start;
-    for (int s = 1; s <= 800; ++s) {
-      for (int64_t i = 0; i < n; ++i)
-        r.grad[size_t(i)] = normal(rng);
-      if (s == 200)
-        for (int64_t i = 0; i < n; i += 64)
-          sign.push_back(r.grad[size_t(i)] > 0 ? 1.0f : -1.0f);
-      if (s > 200)
-        for (int64_t i = 0, k = 0; i < n; i += 64, ++k)
-          r.grad[size_t(i)] = s <= 500 ? 0.0f : -0.01f * sign[size_t(k)];
-      if (s == 501)
-        start = r.param;
-      r.step();
-    }
-    // The move over the 300 steps of the reversed gradient, along it.
-    std::vector<double> along;
-    for (int64_t i = 0, k = 0; i < n; i += 64, ++k)
-      along.push_back((double(r.param[size_t(i)]) - start[size_t(i)]) *
-                      sign[size_t(k)] / 1e-3);
-    return along;
-  };
-  auto summary = [](const std::vector<double> &x) {
-    int against = 0;
-    double sum = 0;
-    for (double v : x) {
-      against += v < 0;
-      sum += v;
-    }
-    return std::make_pair(against, sum / double(x.size()));
-  };
-  auto ref = summary(run(Mode::F32));
-  auto flash = summary(run(Mode::FlashOptim));
-  auto bounded = summary(run(Mode::Bounded));
+  auto ref = lionReversal(Mode::F32);
+  auto flash = lionReversal(Mode::FlashOptim);
+  auto bounded = lionReversal(Mode::Bounded);
   MESSAGE("Lion, 300 steps of a small reversed gradient after 300 paused "
           "steps: weights still moving against it (of 64) and mean move "
           "along it in lr: fp32 "

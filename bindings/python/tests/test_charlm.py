@@ -64,7 +64,9 @@ def test_charlm_4bit_states(tmp_path):
     losses = res["losses"]["flashopt"]
     assert all(math.isfinite(x) for x in losses), losses
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
-    assert abs(res["val_loss_diff_percent"]) < 2.0, res["final"]
+    # One-sided (torch's own CPU kernels give other bits on other hosts):
+    # no worse than fp32 AdamW by 2 % this early.
+    assert res["val_loss_diff_percent"] < 2.0, res["final"]
     # The bf16 matrices take 6.125 B/param; the fp32 LayerNorms, 9.125.
     assert 6.125 < sum(res["memory"]["flashopt"].values()) < 6.5
     assert sorted(res["specs"]) == ["adamw_bf16_m24_4bit", "adamw_f32_4bit"]
