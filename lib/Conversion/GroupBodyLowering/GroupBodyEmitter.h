@@ -309,6 +309,35 @@ private:
     return env.baseAddress(ob, loc, buffer);
   }
 
+  /// An access as the predication asks: `plain` (every lane valid),
+  /// `masked` (per-lane masks), or, per access, both under one test of
+  /// allValid (an scf.if yielding the access's value, if it has one).
+  /// Returns that value, or null for a store.
+  Value predicated(Location loc,
+                   llvm::function_ref<Value(OpBuilder &, Location)> plain,
+                   llvm::function_ref<Value(OpBuilder &, Location)> masked) {
+    switch (env.predication) {
+    case Predication::None:
+      return plain(b, loc);
+    case Predication::Masked:
+      return masked(b, loc);
+    case Predication::PerAccess: {
+      auto yield = [](OpBuilder &ob, Location l, Value v) {
+        if (v)
+          scf::YieldOp::create(ob, l, v);
+        else
+          scf::YieldOp::create(ob, l);
+      };
+      auto ifOp = scf::IfOp::create(
+          b, loc, allValid,
+          [&](OpBuilder &tb, Location l) { yield(tb, l, plain(tb, l)); },
+          [&](OpBuilder &eb, Location l) { yield(eb, l, masked(eb, l)); });
+      return ifOp.getNumResults() ? ifOp.getResult(0) : Value();
+    }
+    }
+    llvm_unreachable("unknown predication");
+  }
+
   /// Whether `buffer` holds packed 4-bit codes (i4, ui4; two per byte, the
   /// even element in the low nibble: docs/KERNEL-ABI.md).
   bool isPacked(int64_t buffer) {
@@ -351,26 +380,7 @@ private:
       return RawLoadOp::create(ob, l, bt, base(ob, l, buffer), index,
                                laneMask(ob, l, 0, n, 2), 1);
     };
-    Value bytes;
-    switch (env.predication) {
-    case Predication::None:
-      bytes = plain(b, loc);
-      break;
-    case Predication::Masked:
-      bytes = masked(b, loc);
-      break;
-    case Predication::PerAccess:
-      bytes = scf::IfOp::create(
-                  b, loc, allValid,
-                  [&](OpBuilder &tb, Location l) {
-                    scf::YieldOp::create(tb, l, plain(tb, l));
-                  },
-                  [&](OpBuilder &eb, Location l) {
-                    scf::YieldOp::create(eb, l, masked(eb, l));
-                  })
-                  .getResult(0);
-      break;
-    }
+    Value bytes = predicated(loc, plain, masked);
     if (env.packedAsWords)
       return unpackWords(loc, bytes);
     Value lo = arith::AndIOp::create(b, loc, bytes, splatI8(loc, n, 15));
@@ -484,11 +494,12 @@ private:
           ob, l, arith::AndIOp::create(ob, l, e, splat(15)),
           arith::ShLIOp::create(ob, l, o, splat(4)));
     };
-    auto plain = [&](OpBuilder &ob, Location l) {
+    auto plain = [&](OpBuilder &ob, Location l) -> Value {
       RawStoreOp::create(ob, l, pack(ob, l, v), base(ob, l, buffer), index,
                          Value(), align);
+      return Value();
     };
-    auto masked = [&](OpBuilder &ob, Location l) {
+    auto masked = [&](OpBuilder &ob, Location l) -> Value {
       Value zero = arith::ConstantOp::create(
           ob, l,
           DenseElementsAttr::get(vecOf(ob.getI8Type()),
@@ -496,27 +507,9 @@ private:
       Value kept = arith::SelectOp::create(ob, l, laneMask(ob, l), v, zero);
       RawStoreOp::create(ob, l, pack(ob, l, kept), base(ob, l, buffer), index,
                          laneMask(ob, l, 0, n, 2), 1);
+      return Value();
     };
-    switch (env.predication) {
-    case Predication::None:
-      plain(b, loc);
-      return;
-    case Predication::Masked:
-      masked(b, loc);
-      return;
-    case Predication::PerAccess:
-      scf::IfOp::create(
-          b, loc, allValid,
-          [&](OpBuilder &tb, Location l) {
-            plain(tb, l);
-            scf::YieldOp::create(tb, l);
-          },
-          [&](OpBuilder &eb, Location l) {
-            masked(eb, l);
-            scf::YieldOp::create(eb, l);
-          });
-      return;
-    }
+    predicated(loc, plain, masked);
   }
 
   /// A full-width load of this worker's elements of `buffer`.
@@ -526,31 +519,17 @@ private:
     VectorType vt = vecOf(t);
     int64_t align = alignmentFor(t, env.width);
     int64_t elemAlign = alignmentFor(t, 1);
-    switch (env.predication) {
-    case Predication::None:
-      return RawLoadOp::create(b, loc, vt, base(b, loc, buffer),
-                               env.elementIndex, Value(), align);
-    case Predication::Masked:
-      return RawLoadOp::create(b, loc, vt, base(b, loc, buffer),
-                               env.elementIndex, laneMask(b, loc), elemAlign);
-    case Predication::PerAccess: {
-      auto ifOp = scf::IfOp::create(
-          b, loc, allValid,
-          [&](OpBuilder &tb, Location l) {
-            Value v = RawLoadOp::create(tb, l, vt, base(tb, l, buffer),
-                                        env.elementIndex, Value(), align);
-            scf::YieldOp::create(tb, l, v);
-          },
-          [&](OpBuilder &eb, Location l) {
-            Value v =
-                RawLoadOp::create(eb, l, vt, base(eb, l, buffer),
-                                  env.elementIndex, laneMask(eb, l), elemAlign);
-            scf::YieldOp::create(eb, l, v);
-          });
-      return ifOp.getResult(0);
-    }
-    }
-    llvm_unreachable("unknown predication");
+    return predicated(
+        loc,
+        [&](OpBuilder &ob, Location l) -> Value {
+          return RawLoadOp::create(ob, l, vt, base(ob, l, buffer),
+                                   env.elementIndex, Value(), align);
+        },
+        [&](OpBuilder &ob, Location l) -> Value {
+          return RawLoadOp::create(ob, l, vt, base(ob, l, buffer),
+                                   env.elementIndex, laneMask(ob, l),
+                                   elemAlign);
+        });
   }
 
   void storeElements(Location loc, int64_t buffer, Value v) {
@@ -559,30 +538,18 @@ private:
     Type t = cast<VectorType>(v.getType()).getElementType();
     int64_t align = alignmentFor(t, env.width);
     int64_t elemAlign = alignmentFor(t, 1);
-    switch (env.predication) {
-    case Predication::None:
-      RawStoreOp::create(b, loc, v, base(b, loc, buffer), env.elementIndex,
-                         Value(), align);
-      return;
-    case Predication::Masked:
-      RawStoreOp::create(b, loc, v, base(b, loc, buffer), env.elementIndex,
-                         laneMask(b, loc), elemAlign);
-      return;
-    case Predication::PerAccess:
-      scf::IfOp::create(
-          b, loc, allValid,
-          [&](OpBuilder &tb, Location l) {
-            RawStoreOp::create(tb, l, v, base(tb, l, buffer), env.elementIndex,
-                               Value(), align);
-            scf::YieldOp::create(tb, l);
-          },
-          [&](OpBuilder &eb, Location l) {
-            RawStoreOp::create(eb, l, v, base(eb, l, buffer), env.elementIndex,
-                               laneMask(eb, l), elemAlign);
-            scf::YieldOp::create(eb, l);
-          });
-      return;
-    }
+    predicated(
+        loc,
+        [&](OpBuilder &ob, Location l) -> Value {
+          RawStoreOp::create(ob, l, v, base(ob, l, buffer), env.elementIndex,
+                             Value(), align);
+          return Value();
+        },
+        [&](OpBuilder &ob, Location l) -> Value {
+          RawStoreOp::create(ob, l, v, base(ob, l, buffer), env.elementIndex,
+                             laneMask(ob, l), elemAlign);
+          return Value();
+        });
   }
 
   /// The maximum of `in` over the worker's valid lanes (LaneCode.cpp).

@@ -54,23 +54,7 @@ Value GroupBodyEmitter::localMax(Location loc, Value in, bool nonNegative) {
     Value sel = arith::SelectOp::create(ob, l, m, v, neutral);
     return reduce(ob, l, sel);
   };
-  switch (env.predication) {
-  case Predication::None:
-    return plain(b, loc);
-  case Predication::Masked:
-    return masked(b, loc);
-  case Predication::PerAccess:
-    return scf::IfOp::create(
-               b, loc, allValid,
-               [&](OpBuilder &tb, Location l) {
-                 scf::YieldOp::create(tb, l, plain(tb, l));
-               },
-               [&](OpBuilder &eb, Location l) {
-                 scf::YieldOp::create(eb, l, masked(eb, l));
-               })
-        .getResult(0);
-  }
-  llvm_unreachable("unknown predication");
+  return predicated(loc, plain, masked);
 }
 
 LogicalResult GroupBodyEmitter::emitUniform(Operation &op) {
