@@ -198,6 +198,21 @@ inline std::vector<double> stoppedMoves(const std::string &rule, Mode m,
   return out;
 }
 
+/// The rules whose stopped weights the sticky-code tests follow, with their
+/// hyper-parameters and learning rate.
+struct StoppedCase {
+  std::string rule;
+  std::map<std::string, float> h;
+  float lr;
+};
+inline const std::vector<StoppedCase> &stoppedCases() {
+  static const std::vector<StoppedCase> cases = {
+      {"adam", {{"lr", 1e-3f}}, 1e-3f},
+      {"adamw", {{"lr", 1e-3f}, {"weight_decay", 0.0f}}, 1e-3f},
+      {"sgd", {{"lr", 1e-2f}, {"momentum", 0.9f}}, 1e-2f}};
+  return cases;
+}
+
 /// The largest and the median ratio of `x` to `ref`, element by element.
 inline std::pair<double, double> ratios(const std::vector<double> &x,
                                  const std::vector<double> &ref) {

@@ -59,14 +59,7 @@ TEST_CASE("4-bit state hazard: sticky codes after a gradient stops (Adam, "
   // itself (0.9 x code rounds back up) and keeps pushing; dithered, it
   // decays as fp32's in expectation (the median), with the noise of a
   // 4-bit decision per step (the largest).
-  struct Case {
-    std::string rule;
-    std::map<std::string, float> h;
-    float lr;
-  } cases[] = {{"adam", {{"lr", 1e-3f}}, 1e-3f},
-               {"adamw", {{"lr", 1e-3f}, {"weight_decay", 0.0f}}, 1e-3f},
-               {"sgd", {{"lr", 1e-2f}, {"momentum", 0.9f}}, 1e-2f}};
-  for (const Case &c : cases) {
+  for (const StoppedCase &c : stoppedCases()) {
     std::vector<double> ref = stoppedMoves(c.rule, Mode::F32, c.h);
     std::vector<double> nearest = stoppedMoves(c.rule, Mode::Nearest4, c.h);
     std::vector<double> bounded = stoppedMoves(c.rule, Mode::Bounded4, c.h);

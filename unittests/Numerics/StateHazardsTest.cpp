@@ -63,14 +63,7 @@ TEST_CASE("state hazard: sticky codes after a gradient stops (Adam, SGD "
   // 0.9 x (a small code) re-encodes to the same code while other elements
   // hold the group's scale: FlashOptim's momentum stays, and the weight is
   // pushed by the same amount every step, where fp32's update decays.
-  struct Case {
-    std::string rule;
-    std::map<std::string, float> h;
-    float lr;
-  } cases[] = {{"adam", {{"lr", 1e-3f}}, 1e-3f},
-               {"adamw", {{"lr", 1e-3f}, {"weight_decay", 0.0f}}, 1e-3f},
-               {"sgd", {{"lr", 1e-2f}, {"momentum", 0.9f}}, 1e-2f}};
-  for (const Case &c : cases) {
+  for (const StoppedCase &c : stoppedCases()) {
     std::vector<double> ref = stoppedMoves(c.rule, Mode::F32, c.h);
     std::vector<double> flash = stoppedMoves(c.rule, Mode::FlashOptim, c.h);
     std::vector<double> bounded = stoppedMoves(c.rule, Mode::Bounded, c.h);
