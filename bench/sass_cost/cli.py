@@ -13,6 +13,8 @@ Modes:
       bundle missing from the baseline or a baseline entry without a bundle, and
       says to update the baseline (--write-baseline) when a count fell.
   sass-cost.py --kernels build/kernels --write-baseline bench/sass-baseline.json
+  (any mode measuring cubins: --cache DIR or $FLASHOPT_SASS_CACHE keeps each
+  cubin's walk by its sha256, so a second run disassembles nothing; --jobs N)
   sass-cost.py --counts counts.json --measured gpu-bench.md [--ncu ncu.csv
                --ncu-params 1e8] [--markdown]
       calibration on a GPU machine (scripts/device-profile.sh --experiments): the
@@ -64,7 +66,7 @@ def load_rows(a, archs):
     except NvdisasmNotFound as e:
         die(str(e))
     try:
-        return analyse(a.kernels, nvdisasm, archs)
+        return analyse(a.kernels, nvdisasm, archs, a.cache or None, a.jobs)
     except ValueError as e:
         die(str(e), 1)
 
@@ -83,6 +85,11 @@ def main(argv=None):
     ap.add_argument("--check")
     ap.add_argument("--write-baseline")
     ap.add_argument("--only", action="append", help="bundle name (repeatable)")
+    ap.add_argument("--cache", default=os.environ.get("FLASHOPT_SASS_CACHE"),
+                    help="folder keeping each cubin's walk (by sha256), so a second run "
+                         "over the same kernels does not disassemble again "
+                         "(default $FLASHOPT_SASS_CACHE; none without it)")
+    ap.add_argument("--jobs", type=int, help="nvdisasm processes at once (default: CPU count)")
     ap.add_argument("--opcodes", action="store_true",
                     help="also print each kernel's main-path opcodes per element (SASS base names)")
     a = ap.parse_args(argv)

@@ -4,7 +4,9 @@ classes, bytes per parameter and the per-chip prediction. No output, no exit:
 errors are exceptions (ValueError, NvdisasmNotFound)."""
 
 import collections
+import concurrent.futures
 import glob
+import hashlib
 import json
 import os
 import re
@@ -256,10 +258,59 @@ def bytes_moved(manifest):
     return total
 
 
-def analyse(kernels_dir, nvdisasm, archs):
+def _model_key(nvdisasm):
+    """What a cached walk depends on besides the cubin: this file's text and
+    the nvdisasm binary (path, size, modification time)."""
+    with open(__file__, "rb") as f:
+        h = hashlib.sha256(f.read())
+    st = os.stat(nvdisasm)
+    h.update(f"{os.path.realpath(nvdisasm)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def walk_cubin(nvdisasm, cubin, symbol, cache_dir=None):
+    """(main-path opcodes, static instruction count) of `symbol` in `cubin`.
+    With cache_dir, the result is kept there under the cubin's sha256, the
+    symbol and this model's source hash, so a second run over the same
+    kernels (sass-cost/baseline, then device-profile.sh --prepare) does not
+    disassemble again. nvdisasm runs without its dataflow analysis (-ndf):
+    it only annotates branch-stack jumps (BRX/JMX), which the walk does not
+    follow, and takes a quarter of the time; the walked paths are the same."""
+    path = None
+    if cache_dir:
+        with open(cubin, "rb") as f:
+            h = hashlib.sha256(f.read())
+        h.update(symbol.encode())
+        h.update(_model_key(nvdisasm).encode())
+        path = os.path.join(cache_dir, h.hexdigest() + ".json")
+        try:
+            with open(path) as f:
+                d = json.load(f)
+            return d["ops"], d["static_insns"]
+        except (OSError, ValueError, KeyError):
+            pass
+    r = subprocess.run([nvdisasm, "-c", "-ndf", cubin], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ValueError(f"nvdisasm failed on {cubin}: {r.stderr.strip()}")
+    try:
+        insns, labels = parse_sass(r.stdout, symbol)
+        ops = main_path(insns, labels)
+    except ValueError as e:
+        raise ValueError(f"{cubin}: {e}")
+    if path:
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"ops": ops, "static_insns": len(insns)}, f)
+        os.replace(tmp, path)  # atomic: a concurrent run reads old or new, never half
+    return ops, len(insns)
+
+
+def analyse(kernels_dir, nvdisasm, archs, cache_dir=None, jobs=None):
     """One row of counts per bundle and chip in `archs` (those with a cubin);
-    raises ValueError on a missing cubin or an unreadable kernel."""
-    rows = []
+    raises ValueError on a missing cubin or an unreadable kernel. The cubins
+    are disassembled `jobs` at a time (default: the CPU count)."""
+    work = []
     for mpath in sorted(glob.glob(os.path.join(kernels_dir, "*", "manifest.json"))):
         bdir = os.path.dirname(mpath)
         with open(mpath) as f:
@@ -271,32 +322,29 @@ def analyse(kernels_dir, nvdisasm, archs):
             cubin = os.path.join(bdir, k["cubin"])
             if not os.path.isfile(cubin):
                 raise ValueError(f"{man['name']}: {cubin} listed in the manifest is missing")
-            r = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise ValueError(f"nvdisasm failed on {cubin}: {r.stderr.strip()}")
-            try:
-                insns, labels = parse_sass(r.stdout, k["symbol"])
-                ops = main_path(insns, labels)
-            except ValueError as e:
-                raise ValueError(f"{cubin}: {e}")
-            w = k["elements_per_thread"]
-            c = classify(ops)
-            rows.append({
-                "bundle": man["name"], "arch": k["target"], "elements_per_thread": w,
-                "threads_per_block": k.get("threads_per_block"),
-                "loop_insns": c["total"],
-                "insns_per_elt": round(c["total"] / w, 2),
-                "mufu_per_elt": round(c["mufu"] / w, 2),
-                "conv64_per_elt": round(c["conv64"] / w, 2),
-                "shared_per_elt": round(c["shared"] / w, 2),
-                "shfl_per_elt": round(c["shfl"] / w, 2),
-                "global_per_elt": round(c["global"] / w, 2),
-                "registers": k.get("registers"), "spill_stores": k.get("spill_stores"),
-                "spill_loads": k.get("spill_loads"), "bytes_per_param": round(bpp, 4),
-                "static_insns": len(insns),
-                "opcodes": {op: round(n / w, 2) for op, n in
-                            collections.Counter(o.split(".")[0] for o in ops).most_common()},
-            })
+            work.append((man, bpp, k, cubin))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as ex:
+        walks = list(ex.map(lambda t: walk_cubin(nvdisasm, t[3], t[2]["symbol"], cache_dir), work))
+    rows = []
+    for (man, bpp, k, _), (ops, static_insns) in zip(work, walks):
+        w = k["elements_per_thread"]
+        c = classify(ops)
+        rows.append({
+            "bundle": man["name"], "arch": k["target"], "elements_per_thread": w,
+            "threads_per_block": k.get("threads_per_block"),
+            "loop_insns": c["total"],
+            "insns_per_elt": round(c["total"] / w, 2),
+            "mufu_per_elt": round(c["mufu"] / w, 2),
+            "conv64_per_elt": round(c["conv64"] / w, 2),
+            "shared_per_elt": round(c["shared"] / w, 2),
+            "shfl_per_elt": round(c["shfl"] / w, 2),
+            "global_per_elt": round(c["global"] / w, 2),
+            "registers": k.get("registers"), "spill_stores": k.get("spill_stores"),
+            "spill_loads": k.get("spill_loads"), "bytes_per_param": round(bpp, 4),
+            "static_insns": static_insns,
+            "opcodes": {op: round(n / w, 2) for op, n in
+                        collections.Counter(o.split(".")[0] for o in ops).most_common()},
+        })
     return rows
 
 
