@@ -8,7 +8,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The build generates the kernels: flashopt-gen, then one bundle per spec in
+# specs/ (target flashopt-kernels, Ninja running them in parallel; only what
+# changed is regenerated). By hand: ./build/bin/flashopt-gen specs/NAME.json -o build/kernels
 bash scripts/build.sh build
-./build/bin/flashopt-gen specs/*.json -o build/kernels
+n=0
+for spec in specs/*.json; do
+  name=$(basename "$spec" .json)
+  [[ -f "build/kernels/$name/manifest.json" ]] || {
+    echo "run-demo: no bundle for $spec in build/kernels (the build should have made it)" >&2
+    exit 1
+  }
+  n=$((n + 1))
+done
+echo "run-demo: $n kernel bundles in build/kernels, one per spec in specs/"
 FLASHOPT_LIBRARY="$PWD/build/lib/libflashopt.so" FLASHOPT_KERNELS="$PWD/build/kernels" \
   .venv/bin/python examples/python/digits.py "$@"
