@@ -380,6 +380,18 @@ private:
       return RawLoadOp::create(ob, l, bt, base(ob, l, buffer), index,
                                laneMask(ob, l, 0, n, 2), 1);
     };
+    if (env.packedAsWords && 4 * env.width >= 32) {
+      // Split inside each arm, so the masks stay word-wide: LLVM's DAG
+      // combiner, seeing the masks beside the byte extractions in one
+      // block, moves them onto every byte.
+      auto split = [&](auto load) {
+        return [=, this](OpBuilder &ob, Location l) -> Value {
+          return splitNibbles(ob, l, load(ob, l));
+        };
+      };
+      return interleaveNibbles(loc,
+                               predicated(loc, split(plain), split(masked)));
+    }
     Value bytes = predicated(loc, plain, masked);
     if (env.packedAsWords)
       return unpackWords(loc, bytes);
@@ -402,8 +414,46 @@ private:
     return 4 * env.width / packedWordType().getIntOrFloatBitWidth();
   }
 
+  /// The word form with 32-bit words (W >= 8): the worker's W/2 bytes as
+  /// i32 words w, split a word at a time into lo = w & 0x0F0F0F0F (the even
+  /// lanes' codes, one per byte) and hi = (w >> 4) & 0x0F0F0F0F (the odd
+  /// lanes'), returned as one vector [lo words..., hi words...].
+  Value splitNibbles(OpBuilder &ob, Location loc, Value bytes) {
+    int64_t nw = packedWords();
+    VectorType wt = vecOf(ob.getI32Type(), nw);
+    auto splat = [&](int32_t c) {
+      return arith::ConstantOp::create(
+          ob, loc, DenseElementsAttr::get(wt, ob.getI32IntegerAttr(c)));
+    };
+    Value words = vector::BitCastOp::create(ob, loc, wt, bytes);
+    Value lo = arith::AndIOp::create(ob, loc, words, splat(0x0F0F0F0F));
+    Value hi = arith::AndIOp::create(
+        ob, loc, arith::ShRUIOp::create(ob, loc, words, splat(4)),
+        splat(0x0F0F0F0F));
+    SmallVector<int64_t> both;
+    for (int64_t i = 0; i < 2 * nw; ++i)
+      both.push_back(i);
+    return vector::ShuffleOp::create(ob, loc, lo, hi, both);
+  }
+
+  /// Lane j of the codes from splitNibbles' words: byte j/2 of lo (even j)
+  /// or of hi (odd j), each lane one byte extraction (a PRMT on NVPTX) of an
+  /// i32 computed once per four lanes.
+  Value interleaveNibbles(Location loc, Value split) {
+    int64_t n = env.width / 2;
+    Value bytes =
+        vector::BitCastOp::create(b, loc, vecOf(b.getI8Type(), 2 * n), split);
+    SmallVector<int64_t> order;
+    for (int64_t i = 0; i < n; ++i) {
+      order.push_back(i);
+      order.push_back(n + i);
+    }
+    return vector::ShuffleOp::create(b, loc, bytes, bytes, order);
+  }
+
   /// Lane j of the worker's codes is nibble j of its bytes (little-endian
-  /// words: bits 4j..4j+3 of the W/2 bytes): each lane takes its word
+  /// words: bits 4j..4j+3 of the W/2 bytes): with words narrower than 32
+  /// bits (W = 2, 4; wider ones take splitNibbles) each lane takes its word
   /// (a shuffle of the words widened to i32), shifts it right by 4j mod the
   /// word's width and masks it, all as W-lane i32 vector operations, then
   /// narrows to i8; LLVM folds the decode's extension of that narrowing
@@ -414,8 +464,7 @@ private:
     Type i32 = b.getI32Type();
     Value words = vector::BitCastOp::create(
         b, loc, vecOf(wordType, packedWords()), bytes);
-    if (wordBits < 32)
-      words = arith::ExtUIOp::create(b, loc, vecOf(i32, packedWords()), words);
+    words = arith::ExtUIOp::create(b, loc, vecOf(i32, packedWords()), words);
     SmallVector<int64_t> pick;
     SmallVector<int32_t> shifts;
     for (int64_t j = 0; j < env.width; ++j) {
@@ -447,6 +496,24 @@ private:
           .getResult();
     };
     Value wide = arith::ExtUIOp::create(ob, loc, vecOf(i32), v);
+    if (wordBits == 32) {
+      // A byte per lane pair: (lane 2k & 15) | (lane 2k+1 << 4) in i32 (two
+      // operations; what the shift carries above bit 7 is cut by the
+      // narrowing), the bytes then built into words (PRMTs on NVPTX).
+      SmallVector<Value> bytes;
+      for (int64_t k = 0; k < env.width / 2; ++k) {
+        Value even = arith::AndIOp::create(
+            ob, loc, vector::ExtractOp::create(ob, loc, wide, 2 * k), c32(15));
+        Value odd = arith::ShLIOp::create(
+            ob, loc, vector::ExtractOp::create(ob, loc, wide, 2 * k + 1),
+            c32(4));
+        bytes.push_back(arith::TruncIOp::create(
+            ob, loc, ob.getI8Type(),
+            arith::OrIOp::create(ob, loc, even, odd)));
+      }
+      return vector::FromElementsOp::create(
+          ob, loc, vecOf(ob.getI8Type(), env.width / 2), bytes);
+    }
     SmallVector<Value> words(packedWords());
     for (int64_t j = 0; j < env.width; ++j) {
       Value lane = arith::AndIOp::create(
