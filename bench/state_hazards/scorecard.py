@@ -139,8 +139,8 @@ def rows():
 
     # The single-element probe (fp32: the same gradients through quantize=False).
     yield ("v code 0 under m's (Adam probe, g0 = 1e-2)", "largest update magnitude / lr after it",
-           T.probe("bounded", 1e-2, quantize=False),
-           *(T.probe(n, 1e-2) for n in NUMERICS))
+           T.probe(1e-2, quantize=False),
+           *(T.probe(1e-2, numerics=n) for n in NUMERICS))
 
 
 def main():
