@@ -315,6 +315,7 @@ llvm::Expected<std::string> driver::emitPTXText(const CompileJob &job,
   gpu.tritonCompat = options.tritonCompat;
   gpu.bytesPerThread = options.gpuBytesPerThread;
   gpu.maxRegisters = options.gpuMaxRegisters;
+  gpu.fullWarpPath = options.gpuFullWarpPath;
   gpu.kernelKind = dialectKernelKind(job.kernelKind);
   if (failed(runPasses(*module,
                        [&](OpPassManager &pm) { buildGPUPipeline(pm, gpu); })))
@@ -387,6 +388,34 @@ llvm::Expected<CompileResult> driver::compile(const CompileJob &bundleJob,
     auto ptx = emitPTXText(job, chip, options);
     if (!ptx)
       return ptx.takeError();
+    // As a bundle build chooses (Bundles.cpp, buildGpuKernel): without the
+    // full-warp copy of the body where ptxas spills with it.
+    std::optional<std::string> ptxas;
+    if (options.runPtxas && options.gpuFullWarpPath)
+      ptxas = target::findPtxas();
+    if (ptxas) {
+      auto spills = [&](const std::string &text) -> llvm::Expected<int> {
+        auto a = target::runPtxas(*ptxas, text, chip);
+        if (!a)
+          return a.takeError();
+        return std::max(0, a->spillStores) + std::max(0, a->spillLoads);
+      };
+      auto first = spills(*ptx);
+      if (!first)
+        return first.takeError();
+      if (*first > 0) {
+        DriverOptions single = options;
+        single.gpuFullWarpPath = false;
+        auto again = emitPTXText(job, chip, single);
+        if (!again)
+          return again.takeError();
+        auto second = spills(*again);
+        if (!second)
+          return second.takeError();
+        if (*second < *first)
+          ptx = std::move(again);
+      }
+    }
     out << *ptx;
     break;
   }

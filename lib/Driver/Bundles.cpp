@@ -198,18 +198,51 @@ llvm::Expected<abi::KernelEntry>
 buildGpuKernel(const KernelJob &k, const std::string &chip,
                const abi::Manifest &info, const DriverOptions &options,
                const std::optional<std::string> &ptxas, const StagingDir &dir) {
-  auto ptx = emitPTXText(k.job, chip, options);
-  if (!ptx)
-    return ptx.takeError();
-  size_t header = ptx->find(".address_size");
-  size_t eol = header == std::string::npos ? header : ptx->find('\n', header);
-  if (eol == std::string::npos)
-    return makeError("lowering " + k.job.getName() + " to " + chip +
-                     ": the PTX has no .address_size line");
-  ptx->insert(eol + 1, "\n" + abi::ptx_kernel_abi_global(
-                                  k.symbol, abi::kernel_abi_description(info)));
+  // The PTX with the ABI global and, with ptxas, its cubin.
+  auto build = [&](const DriverOptions &opts)
+      -> llvm::Expected<std::pair<std::string,
+                                  std::optional<target::PtxasResult>>> {
+    auto ptx = emitPTXText(k.job, chip, opts);
+    if (!ptx)
+      return ptx.takeError();
+    size_t header = ptx->find(".address_size");
+    size_t eol = header == std::string::npos ? header : ptx->find('\n', header);
+    if (eol == std::string::npos)
+      return makeError("lowering " + k.job.getName() + " to " + chip +
+                       ": the PTX has no .address_size line");
+    ptx->insert(eol + 1, "\n" + abi::ptx_kernel_abi_global(
+                                    k.symbol, abi::kernel_abi_description(info)));
+    std::optional<target::PtxasResult> assembled;
+    if (ptxas) {
+      auto a = target::runPtxas(*ptxas, *ptx, chip);
+      if (!a)
+        return a.takeError();
+      assembled = std::move(*a);
+    }
+    return std::make_pair(std::move(*ptx), std::move(assembled));
+  };
+  auto built = build(options);
+  if (!built)
+    return built.takeError();
+  auto spills = [](const std::optional<target::PtxasResult> &a) {
+    return a ? std::max(0, a->spillStores) + std::max(0, a->spillLoads) : 0;
+  };
+  // The unpredicated copy of the body for full warps
+  // (flashopt-to-gpu{full-warp-path}) raises register pressure: where ptxas
+  // spills with it, the kernel is built without it (without ptxas, the PTX
+  // keeps it: nothing says it spills).
+  if (options.gpuFullWarpPath && spills(built->second) > 0) {
+    DriverOptions single = options;
+    single.gpuFullWarpPath = false;
+    auto again = build(single);
+    if (!again)
+      return again.takeError();
+    if (spills(again->second) < spills(built->second))
+      built = std::move(again);
+  }
+  std::string &ptx = built->first;
   std::string base = k.symbol + "." + chip;
-  if (auto err = writeFile(dir.file(base + ".ptx"), *ptx))
+  if (auto err = writeFile(dir.file(base + ".ptx"), ptx))
     return std::move(err);
   abi::KernelEntry e;
   e.target = chip;
@@ -221,10 +254,7 @@ buildGpuKernel(const KernelJob &k, const std::string &chip,
   if (!elements)
     return elements.takeError();
   e.elements_per_thread = *elements;
-  if (ptxas) {
-    auto assembled = target::runPtxas(*ptxas, *ptx, chip);
-    if (!assembled)
-      return assembled.takeError();
+  if (const auto &assembled = built->second) {
     if (auto err = writeFile(dir.file(base + ".cubin"), assembled->cubin))
       return std::move(err);
     e.cubin = base + ".cubin";

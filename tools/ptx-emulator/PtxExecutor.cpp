@@ -156,23 +156,37 @@ void Executor::execute(const Inst &I, uint32_t m, uint32_t active,
     });
     return;
   }
+  case Op::Redux: {
+    if (m == 0)
+      return;
+    checkMemberMask(I, m, live, I.o[2], "redux.sync");
+    uint32_t acc = uint32_t(rd(A, __builtin_ctz(m)));
+    lanes(m, [&](int l) {
+      uint32_t v = uint32_t(rd(A, l));
+      switch (I.redux) {
+      case ReduxKind::And: acc &= v; break;
+      case ReduxKind::Or: acc |= v; break;
+      case ReduxKind::Xor: acc = l == __builtin_ctz(m) ? v : acc ^ v; break;
+      case ReduxKind::Add: acc = l == __builtin_ctz(m) ? v : acc + v; break;
+      case ReduxKind::Min:
+        acc = I.t == T::S32 ? uint32_t(std::min(int32_t(acc), int32_t(v)))
+                            : std::min(acc, v);
+        break;
+      case ReduxKind::Max:
+        acc = I.t == T::S32 ? uint32_t(std::max(int32_t(acc), int32_t(v)))
+                            : std::max(acc, v);
+        break;
+      case ReduxKind::None: break;
+      }
+    });
+    lanes(m, [&](int l) { wr(dreg, l, acc); });
+    return;
+  }
   case Op::Shfl: {
     ++stats.shuffles;
     if (m == 0)
       return;
-    // Member mask: one value for the warp is required here.
-    const uint32_t member = uint32_t(rd(I.o[4], __builtin_ctz(m)));
-    lanes(m, [&](int l) {
-      if (uint32_t(rd(I.o[4], l)) != member)
-        fault(I, l, "shfl.sync member masks differ across lanes");
-    });
-    if ((m & ~member) != 0)
-      fault(I, __builtin_ctz(m & ~member),
-            "shfl.sync executed by a lane outside its member mask");
-    if ((member & live & ~m) != 0)
-      fault(I, __builtin_ctz(member & live & ~m),
-            "shfl.sync: a lane named in the member mask does not execute "
-            "it (divergence or predication)");
+    checkMemberMask(I, m, live, I.o[4], "shfl.sync");
     uint64_t out[32];
     lanes(m, [&](int l) {
       uint32_t b = uint32_t(rd(B, l)) & 31, c = uint32_t(rd(C, l));
@@ -217,6 +231,23 @@ void Executor::execute(const Inst &I, uint32_t m, uint32_t active,
     executeArith(I, m);
     return;
   }
+}
+
+void Executor::checkMemberMask(const Inst &I, uint32_t m, uint32_t live,
+                               const Operand &mask, const char *name) {
+  const std::string n(name);
+  const uint32_t member = uint32_t(rd(mask, __builtin_ctz(m)));
+  lanes(m, [&](int l) {
+    if (uint32_t(rd(mask, l)) != member)
+      fault(I, l, n + " member masks differ across lanes");
+  });
+  if ((m & ~member) != 0)
+    fault(I, __builtin_ctz(m & ~member),
+          n + " executed by a lane outside its member mask");
+  if ((member & live & ~m) != 0)
+    fault(I, __builtin_ctz(member & live & ~m),
+          n + ": a lane named in the member mask does not execute it "
+              "(divergence or predication)");
 }
 
 void Executor::run() {

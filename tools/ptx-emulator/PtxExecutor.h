@@ -129,6 +129,12 @@ struct Executor {
   /// active lanes are `active` and whose unexited lanes are `live`: data
   /// movement here (PtxExecutor.cpp), the rest through executeArith.
   void execute(const Inst &I, uint32_t m, uint32_t active, uint32_t live);
+  /// The member mask of a warp-synchronous instruction (`name`): one value
+  /// across the executing lanes `m`, holding each of them and every live
+  /// lane (a live lane named in it that does not execute it, by divergence
+  /// or predication, is a fault).
+  void checkMemberMask(const Inst &I, uint32_t m, uint32_t live, const Operand &mask,
+                       const char *name);
   /// Integer, comparison, float and conversion instructions
   /// (PtxExecuteArith.cpp).
   void executeArith(const Inst &I, uint32_t m);

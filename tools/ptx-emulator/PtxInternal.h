@@ -84,12 +84,14 @@ enum class Cmp : uint8_t {
 };
 enum class Space : uint8_t { None, Global, Param };
 enum class ShflMode : uint8_t { None, Up, Down, Bfly, Idx };
+/// redux.sync's operation.
+enum class ReduxKind : uint8_t { None, And, Or, Xor, Add, Min, Max };
 
 enum class Op : uint8_t {
   Mov, Ld, St, Add, Sub, MulLo, MulHi, MulWide, MadLo, MadWide, MinI, MaxI,
   NegI, AbsI, And, Or, Xor, Not, Shl, Shr, Bfe, Bfi, Prmt, Selp, SetpI, SetpF,
   AddF, SubF, MulF, DivF, SqrtF, RcpF, FmaF, AbsF, NegF, MinF, MaxF, CopysignF, Cvt,
-  Shfl, Bra, Ret
+  Shfl, Redux, Bra, Ret
 };
 
 enum class Special : uint8_t {
@@ -118,6 +120,7 @@ struct Inst {
   Cmp cmp = Cmp::None;
   Space space = Space::None;
   ShflMode mode = ShflMode::None;
+  ReduxKind redux = ReduxKind::None;
   bool ftz = false, sat = false, nanMode = false, uni = false;
   bool approx = false; ///< rcp.approx / sqrt.approx (see approxF32)
   uint8_t vec = 1;

@@ -153,6 +153,11 @@ void checkOperands(Inst &I) {
     dstReg(0);
     srcs(1, 5);
     break;
+  case Op::Redux:
+    count(3);
+    dstReg(0);
+    srcs(1, 3);
+    break;
   case Op::Bra:
     count(1);
     if (I.o[0].kind != Operand::Label)

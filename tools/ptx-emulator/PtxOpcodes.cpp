@@ -92,8 +92,17 @@ void detail::decodeOpcode(const std::string &text, Inst &I) {
       I.space = Space::Param;
     } else if ((p == "v2" || p == "v4") && (base == "ld" || base == "st")) {
       I.vec = uint8_t(p[1] - '0');
-    } else if (base == "shfl" && p == "sync" && i == 1) {
+    } else if ((base == "shfl" || base == "redux") && p == "sync" && i == 1) {
       // required
+    } else if (base == "redux" && I.redux == ReduxKind::None &&
+               (p == "and" || p == "or" || p == "xor" || p == "add" ||
+                p == "min" || p == "max")) {
+      I.redux = p == "and"   ? ReduxKind::And
+                : p == "or"  ? ReduxKind::Or
+                : p == "xor" ? ReduxKind::Xor
+                : p == "add" ? ReduxKind::Add
+                : p == "min" ? ReduxKind::Min
+                             : ReduxKind::Max;
     } else if (base == "shfl" && (p == "up" || p == "down" || p == "bfly" ||
                                   p == "idx")) {
       I.mode = p == "up"     ? ShflMode::Up
@@ -429,6 +438,22 @@ void detail::decodeOpcode(const std::string &text, Inst &I) {
     noRound();
     noFlags();
     I.op = Op::Shfl;
+  } else if (base == "redux") {
+    // redux.sync.{and,or,xor}.b32, redux.sync.{add,min,max}.{u32,s32}:
+    // the warp-wide reduction of sm_80+.
+    need(1);
+    I.t = types[0];
+    if (parts.size() < 2 || parts[1] != "sync")
+      throw std::runtime_error("redux without .sync is not implemented");
+    bool bitwise = I.redux == ReduxKind::And || I.redux == ReduxKind::Or ||
+                   I.redux == ReduxKind::Xor;
+    if (I.redux == ReduxKind::None)
+      throw std::runtime_error("redux.sync needs an operation");
+    if (bitwise ? I.t != T::B32 : (I.t != T::U32 && I.t != T::S32))
+      throw std::runtime_error("this redux.sync type is not implemented");
+    noRound();
+    noFlags();
+    I.op = Op::Redux;
   } else if (base == "bra") {
     need(0);
     noRound();

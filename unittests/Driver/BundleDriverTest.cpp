@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "flashopt/Driver/BundleDriver.h"
+#include "flashopt/Target/PTX.h"
 #include "flashopt/InitAll.h"
 
 #include "mlir/IR/MLIRContext.h"
@@ -224,4 +225,53 @@ TEST_CASE("errors are returned, not printed or exited on") {
     CHECK(errorMessage(jobs.takeError()) ==
           (path + ": no flashopt.optimizer found").str());
   }
+}
+
+TEST_CASE("a GPU kernel that spills with the full-warp body is built "
+          "without it") {
+  // flashopt-to-gpu{full-warp-path}: the group body twice, unpredicated for
+  // warps of full vectors (a redux.sync decides). AdamW with fp32
+  // parameters and states spills on sm_100 at its 64 registers with the
+  // second copy (16-32 bytes with ptxas 13); the bundle then carries the
+  // single predicated body, with no spills, and sm_90 keeps both copies.
+  if (!target::findPtxas()) {
+    MESSAGE("skipped: needs ptxas (the CUDA toolkit) to see the spills");
+    return;
+  }
+  DriverContext c;
+  driver::CompileJob job = loadSpec(c.ctx, "adamw_f32_f32states");
+  TempDir dir;
+  driver::DriverOptions options;
+  options.outputDir = dir.path.str().str();
+  options.targets = std::vector<std::string>{"sm_90", "sm_100"};
+  auto targets = driver::resolveTargets(job, options);
+  REQUIRE_MESSAGE(static_cast<bool>(targets),
+                  errorMessage(targets.takeError()));
+  auto bundle = driver::buildBundle(job, *targets, options);
+  REQUIRE_MESSAGE(static_cast<bool>(bundle), errorMessage(bundle.takeError()));
+  auto ptxOf = [&](const std::string &chip) {
+    for (const abi::KernelEntry &k : bundle->manifest.kernels)
+      if (k.target == chip) {
+        CHECK(k.spill_stores == 0);
+        CHECK(k.spill_loads == 0);
+        llvm::SmallString<128> p(bundle->directory);
+        llvm::sys::path::append(p, k.file);
+        auto text = llvm::MemoryBuffer::getFile(p);
+        REQUIRE_MESSAGE(static_cast<bool>(text), p.str().str());
+        return (*text)->getBuffer().str();
+      }
+    FAIL("no kernel for " << chip);
+    return std::string();
+  };
+  CHECK(llvm::StringRef(ptxOf("sm_90")).contains("redux.sync.and.b32"));
+  CHECK_FALSE(llvm::StringRef(ptxOf("sm_100")).contains("redux.sync"));
+  // The single-kernel --emit=ptx stage chooses the same.
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  options.targets = std::vector<std::string>{"sm_100"};
+  options.emit = driver::EmitStage::PTX;
+  auto ptx = driver::compile(job, options, os);
+  REQUIRE_MESSAGE(static_cast<bool>(ptx), errorMessage(ptx.takeError()));
+  CHECK(llvm::StringRef(out).contains(".entry"));
+  CHECK_FALSE(llvm::StringRef(out).contains("redux.sync"));
 }

@@ -338,6 +338,47 @@ TEST_CASE("PTX interpreter: divergent branches reconverge before a shuffle") {
   CHECK(contains(r.error, "bra.uni is not uniform"));
 }
 
+TEST_CASE("PTX interpreter: redux.sync reduces over the warp") {
+  // and/or over a per-lane predicate (flashopt's full-warp test), add and
+  // signed/unsigned min/max over the lane id, every lane gets the result.
+  auto reduce = [](const std::string &op, const std::string &value) {
+    Result r = run(value + "\tredux.sync." + op + " %r3, %r2, -1;\n"
+                   "\tst.global.b32 [%rd1], %r3;\n");
+    REQUIRE_MESSAGE(r.ok, r.error);
+    for (int l = 1; l < 32; ++l)
+      CHECK(r.out[size_t(l)] == r.out[0]);
+    return uint32_t(r.out[0]);
+  };
+  const std::string below31 = "\tsetp.lt.u32 %p1, %r1, 31;\n"
+                              "\tselp.b32 %r2, 1, 0, %p1;\n";
+  const std::string all = "\tsetp.lt.u32 %p1, %r1, 32;\n"
+                          "\tselp.b32 %r2, 1, 0, %p1;\n";
+  CHECK(reduce("and.b32", below31) == 0u);
+  CHECK(reduce("and.b32", all) == 1u);
+  CHECK(reduce("or.b32", below31) == 1u);
+  const std::string lane = "\tsub.s32 %r2, %r1, 5;\n"; // -5 .. 26
+  CHECK(reduce("add.s32", lane) == uint32_t(496 - 160));
+  CHECK(reduce("min.s32", lane) == uint32_t(-5));
+  CHECK(reduce("max.s32", lane) == 26u);
+  CHECK(reduce("min.u32", lane) == 0u);           // 0 at lane 5
+  CHECK(reduce("max.u32", lane) == uint32_t(-1)); // -1 at lane 4
+  CHECK(reduce("xor.b32", lane) == [] {
+    uint32_t x = 0;
+    for (int l = 0; l < 32; ++l)
+      x ^= uint32_t(l - 5);
+    return x;
+  }());
+  // Inside a divergent region it names absent lanes: refused.
+  Result r = run("\tsetp.lt.u32 %p1, %r1, 10;\n\t@%p1 bra $L_a;\n"
+                 "\tredux.sync.and.b32 %r3, %r1, -1;\n"
+                 "$L_a:\n\tst.global.b32 [%rd1], %r1;\n");
+  CHECK_FALSE(r.ok);
+  CHECK(contains(r.error, "redux.sync: a lane named in the member mask"));
+  CHECK_FALSE(implemented("redux.sync.and.u32"));
+  CHECK_FALSE(implemented("redux.and.b32"));
+  CHECK(implemented("redux.sync.and.b32"));
+}
+
 TEST_CASE("PTX interpreter: vector accesses are aligned and bounded") {
   Result r = run("\tld.global.v2.b64 {%rd3, %rd4}, [%rd2];\n"
                  "\tst.global.v2.b64 [%rd1], {%rd4, %rd3};\n",

@@ -78,6 +78,9 @@ struct GPUPipelineOptions {
   bool tritonCompat = false;
   /// Which kernel of each optimizer (flashopt-expand-encodings{kernel-kind}).
   KernelKind kernelKind = KernelKind::Step;
+  /// flashopt-to-gpu{full-warp-path}: the group body also without
+  /// predicates, for warps whose lanes all hold full vectors.
+  bool fullWarpPath = true;
 };
 
 /// Adds the flashopt-level rewrites that precede flashopt-to-gpu in

@@ -128,6 +128,10 @@ def FlashOptToGPU : Pass<"flashopt-to-gpu", "::mlir::ModuleOp"> {
     Option<"wideRegisters", "wide-registers", "int64_t", /*default=*/"0",
            "The register cap of such a kernel (flashopt.max_registers on its "
            "gpu.func, read by flashopt-convert-to-nvvm)">,
+    Option<"fullWarpPath", "full-warp-path", "bool", /*default=*/"true",
+           "Emit the group body twice: without predicates when every lane of "
+           "the warp holds a full vector (a warp-wide AND, gpu.subgroup_reduce), "
+           "with a plain-or-masked choice per access otherwise">,
   ];
   let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",
                            "::mlir::vector::VectorDialect", "::mlir::arith::ArithDialect"];

@@ -69,6 +69,9 @@ struct DriverOptions {
   /// GPU: every kernel's register cap (0 = 64, or the wide cap flashopt-to-gpu
   /// gives a kernel it widens); for experiments (scripts/device-check.sh).
   int64_t gpuMaxRegisters = 0;
+  /// GPU: flashopt-to-gpu{full-warp-path}. A bundle build whose kernel
+  /// spills with it (ptxas's report) is rebuilt without it.
+  bool gpuFullWarpPath = true;
   /// Assemble cubins with ptxas when it is installed.
   bool runPtxas = true;
   /// Which kernel the single-kernel emit stages (kernel-ir, llvm, obj, ptx)

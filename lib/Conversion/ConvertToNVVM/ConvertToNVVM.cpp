@@ -155,6 +155,9 @@ struct FlashOptConvertToNVVMPass
     // gpu.func, thread ids and shuffles have no competitor at benefit 0;
     // the libdevice patterns in this set lose against the ones above.
     populateGpuToNVVMConversionPatterns(converter, patterns, /*benefit=*/0);
+    // gpu.subgroup_reduce (uniform, i32): one redux.sync (sm_80+).
+    populateGpuSubgroupReduceOpLoweringPattern(converter, patterns,
+                                               /*benefit=*/1);
     // The guarded conversions of the encodes: one cvt each, over arith's.
     patterns.add<GuardedFloatToIntLowering<arith::FPToSIOp, true>,
                  GuardedFloatToIntLowering<arith::FPToUIOp, false>>(

@@ -144,8 +144,9 @@ bool carryPrologue(KernelOp kernel) {
 class GpuKernelLowering {
 public:
   GpuKernelLowering(KernelOp kernel, int64_t blockSize, int64_t bytesPerThread,
-                    int64_t maxRegisters)
-      : kernel(kernel), loc(kernel.getLoc()), blockSize(blockSize),
+                    int64_t maxRegisters, bool fullWarpPath)
+      : kernel(kernel), loc(kernel.getLoc()), fullWarpPath(fullWarpPath),
+        blockSize(blockSize),
         maxRegisters(maxRegisters), groupSize(kernel.getGroupSize()),
         width(gpuElementsPerThread(kernel, bytesPerThread)),
         lanesPerGroup(groupSize / width), groupsPerWarp(kWarpSize / lanesPerGroup),
@@ -472,7 +473,48 @@ private:
       }
       return v;
     };
-    if (failed(emitGroupBody(lb, kernel, env, mapping)))
+    if (!fullWarpPath) {
+      if (failed(emitGroupBody(lb, kernel, env, mapping)))
+        return failure();
+      if (carry)
+        scf::YieldOp::create(lb, loc, lookup.getResults());
+      return success();
+    }
+    // Two copies of the body: without predicates when every lane of the
+    // warp holds W valid elements (all but the last iteration of a tensor;
+    // one warp-wide AND, redux.sync on sm_80+), and with a plain-or-masked
+    // choice around each access otherwise. The branch is uniform across the
+    // warp, so every lane reaches the group maximum's shuffles either way.
+    Value full = arith::CmpIOp::create(
+        lb, loc, arith::CmpIPredicate::sle,
+        arith::AddIOp::create(lb, loc, env.elementIndex, cIdx(lb, width)),
+        numel);
+    full = arith::AndIOp::create(lb, loc, full, active);
+    Value warpFull = gpu::SubgroupReduceOp::create(
+        lb, loc,
+        arith::ExtUIOp::create(lb, loc, lb.getI32Type(), full),
+        gpu::AllReduceOperation::AND, /*uniform=*/true,
+        /*cluster_size=*/IntegerAttr());
+    Value allFull = arith::CmpIOp::create(
+        lb, loc, arith::CmpIPredicate::ne, warpFull,
+        arith::ConstantOp::create(lb, loc, lb.getI32IntegerAttr(0)));
+    LogicalResult emitted = success();
+    scf::IfOp::create(
+        lb, loc, allFull,
+        [&](OpBuilder &tb, Location l) {
+          GroupBodyEnv unpredicated = env;
+          unpredicated.predication = Predication::None;
+          unpredicated.active = Value();
+          if (failed(emitGroupBody(tb, kernel, unpredicated, mapping)))
+            emitted = failure();
+          scf::YieldOp::create(tb, l);
+        },
+        [&](OpBuilder &eb, Location l) {
+          if (failed(emitGroupBody(eb, kernel, env, mapping)))
+            emitted = failure();
+          scf::YieldOp::create(eb, l);
+        });
+    if (failed(emitted))
       return failure();
     if (carry)
       scf::YieldOp::create(lb, loc, lookup.getResults());
@@ -481,6 +523,7 @@ private:
 
   KernelOp kernel;
   Location loc;
+  bool fullWarpPath;
   int64_t blockSize, maxRegisters, groupSize, width, lanesPerGroup,
       groupsPerWarp, recordWords, numHypers;
   // createFunction
@@ -562,7 +605,7 @@ struct FlashOptToGPUPass
       else
         c = chooseLanes(k, heavyBudget, wideRegisters > 0 ? wideBudget : 0);
       if (failed(GpuKernelLowering(k, blockSize, c.bytes,
-                                   c.wide ? wideRegisters : 0)
+                                   c.wide ? wideRegisters : 0, fullWarpPath)
                          .run()))
         return signalPassFailure();
     }

@@ -105,6 +105,7 @@ void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
   toGPU.heavyBudget = gpuHeavyBudget(options.chip);
   toGPU.wideBudget = gpuWideBudget(options.chip);
   toGPU.wideRegisters = gpuWideRegisters(options.chip);
+  toGPU.fullWarpPath = options.fullWarpPath;
   pm.addPass(createFlashOptToGPU(toGPU));
   GpuNVVMAttachTargetOptions attach;
   attach.chip = options.chip;
@@ -153,6 +154,11 @@ struct GPUPipelineCLOptions : public PassPipelineOptions<GPUPipelineCLOptions> {
       *this, "kernel-kind",
       llvm::cl::desc("Which kernel of each optimizer to make"),
       llvm::cl::init(KernelKind::Step), kernelKindValues()};
+  PassOptions::Option<bool> fullWarpPath{
+      *this, "full-warp-path",
+      llvm::cl::desc("flashopt-to-gpu{full-warp-path}: the group body also "
+                     "without predicates, for warps of full vectors"),
+      llvm::cl::init(true)};
 };
 struct CPUPipelineCLOptions : public PassPipelineOptions<CPUPipelineCLOptions> {
   PassOptions::Option<bool> fma{
@@ -189,6 +195,7 @@ void mlir::flashopt::registerFlashOptPipelines() {
         options.ftz = cl.ftz;
         options.tritonCompat = cl.tritonCompat;
         options.kernelKind = cl.kernelKind;
+        options.fullWarpPath = cl.fullWarpPath;
         buildGPUPipeline(pm, options);
       });
   PassPipelineRegistration<CPUPipelineCLOptions>(

@@ -8,8 +8,13 @@
 // IEEE divisions per element; eight elements of them in flight would need
 // more than 64 registers, so each thread takes 4 elements (8-byte accesses
 // of the bf16 streams); a group of 32 then spans 8 lanes (offsets 4, 2, 1).
+// (The body twice, flashopt-to-gpu{full-warp-path}: each has the butterfly.)
 // CHECK: flashopt.raw_load %{{.*}}[%{{.*}}] {alignment = 8 : i64} : vector<4xbf16>
 // CHECK: flashopt.raw_load %{{.*}}[%{{.*}}] {alignment = 4 : i64} : vector<4xi8>
+// CHECK: gpu.shuffle  xor
+// CHECK: gpu.shuffle  xor
+// CHECK: gpu.shuffle  xor
+// CHECK: } else {
 // CHECK: gpu.shuffle  xor
 // CHECK: gpu.shuffle  xor
 // CHECK: gpu.shuffle  xor
@@ -25,6 +30,8 @@
 // WIDEREG: flashopt.raw_load %{{.*}}[%{{.*}}] {alignment = 16 : i64} : vector<8xbf16>
 // NVVM: llvm.func @heavy
 // NVVM-SAME: nvvm.maxnreg = 96 : i32
+// The full-warp test: one redux.sync (sm_80+).
+// NVVM: nvvm.redux.sync and %{{.*}}, %{{.*}} : i32 -> i32
 // NVVM-NOT: flashopt.max_registers
 flashopt.optimizer @heavy param(#flashopt.master<bf16, correction = i8>) grad(bf16) {
   %lr = flashopt.hyper "lr" default(1.000000e-03) : f32
