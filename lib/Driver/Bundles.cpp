@@ -200,8 +200,8 @@ buildGpuKernel(const KernelJob &k, const std::string &chip,
                const std::optional<std::string> &ptxas, const StagingDir &dir) {
   // The PTX with the ABI global and, with ptxas, its cubin.
   auto build = [&](const DriverOptions &opts)
-      -> llvm::Expected<std::pair<std::string,
-                                  std::optional<target::PtxasResult>>> {
+      -> llvm::Expected<
+          std::pair<std::string, std::optional<target::PtxasResult>>> {
     auto ptx = emitPTXText(k.job, chip, opts);
     if (!ptx)
       return ptx.takeError();
@@ -210,8 +210,9 @@ buildGpuKernel(const KernelJob &k, const std::string &chip,
     if (eol == std::string::npos)
       return makeError("lowering " + k.job.getName() + " to " + chip +
                        ": the PTX has no .address_size line");
-    ptx->insert(eol + 1, "\n" + abi::ptx_kernel_abi_global(
-                                    k.symbol, abi::kernel_abi_description(info)));
+    ptx->insert(eol + 1,
+                "\n" + abi::ptx_kernel_abi_global(
+                           k.symbol, abi::kernel_abi_description(info)));
     std::optional<target::PtxasResult> assembled;
     if (ptxas) {
       auto a = target::runPtxas(*ptxas, *ptx, chip);
