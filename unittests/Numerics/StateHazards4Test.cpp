@@ -14,7 +14,8 @@
 /// they compute these bits). The factors against fp32 states are printed
 /// (`NumericsTests -tc="4-bit*" -s`); the bars are those of the 8-bit
 /// tests where 4-bit codes meet them, and otherwise the 4-bit ones written
-/// at each case (docs/NUMERICS.md §8.6 has the scorecard).
+/// at each case (docs/NUMERICS.md §8.7 has these numbers; §8.1's scorecard the
+/// kernels' through the binding).
 ///
 //===----------------------------------------------------------------------===//
 
