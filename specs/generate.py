@@ -11,8 +11,10 @@ Every combination that the Python binding's constructors accept has a spec
   weights, `_m24`) or an i16 one (32-bit, `_m32`); f32 (its own master);
 - states: 8-bit (`quantized`), plain f32 (`_f32states`) or 4-bit
   (`quantized4`, `_4bit`: docs/NUMERICS.md §2e), the last only with bf16
-  parameters and 24-bit master weights or f32 parameters, exact arithmetic
-  and the bounded numerics (the matrix stays lean: docs/design/4bit-states.md);
+  parameters and 24-bit master weights (exact and fast arithmetic) or f32
+  parameters (exact), and the bounded numerics (the matrix stays lean:
+  docs/design/4bit-states.md; the fast bf16 one is the 4-bit AdamW kernel
+  within its GPU byte budget, docs/PERFORMANCE.md "4-bit states");
 - arithmetic: exact, or the portable fast mode (`_fast`, docs/NUMERICS.md §7);
 - numerics: bounded (the default) or FlashOptim's (`_flashoptim`,
   docs/NUMERICS.md §8), only where they differ — quantized states, or Adam's
@@ -65,7 +67,8 @@ def specs():
                         if flashoptim and (fast or not (quantized or rule in ("adam", "adamw"))):
                             continue
                         if states_form == "quantized4" and (
-                                fast or flashoptim or suffix not in ("bf16_m24", "f32")):
+                                flashoptim or suffix not in ("bf16_m24", "f32")
+                                or (fast and suffix != "bf16_m24")):
                             continue
                         states_suffix = {"quantized": "", "f32": "_f32states",
                                          "quantized4": "_4bit"}[states_form]

@@ -34,12 +34,13 @@ class MissingBundleError(FileNotFoundError):
 STATE_BITS = (4, 8, 32)
 
 # The 4-bit bundles specs/generate.py ships (docs/design/4bit-states.md §6):
-# bf16 parameters with 24-bit master weights, or f32 ones; exact arithmetic
-# and the bounded numerics. Said in MissingBundleError's message only:
+# bf16 parameters with 24-bit master weights (exact and fast arithmetic), or
+# f32 ones (exact); the bounded numerics. Said in MissingBundleError's message only:
 # selection goes by what the kernels directory's manifests compute.
-_SHIPPED_4BIT = ("4-bit states ship for bf16 parameters with master_weight_bits=24 and for "
-                 "f32 parameters, with arithmetic='exact' and numerics='bounded' "
-                 "(<rule>_bf16_m24_4bit, <rule>_f32_4bit)")
+_SHIPPED_4BIT = ("4-bit states ship for bf16 parameters with master_weight_bits=24 "
+                 "(arithmetic='exact' or 'fast') and for f32 parameters (arithmetic='exact'), "
+                 "with numerics='bounded' (<rule>_bf16_m24_4bit, <rule>_bf16_m24_4bit_fast, "
+                 "<rule>_f32_4bit)")
 
 
 def state_bits_of(state_bits=None, quantize=None) -> int:

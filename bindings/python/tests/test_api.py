@@ -230,13 +230,18 @@ def test_every_combination_has_a_bundle():
                             assert bool(torch.isfinite(p).all()), (rule, dtype, mode)
                             assert not bool((p == 0.5).all()), (rule, dtype, mode)
                             seen.update(o.specs())
-    # 4-bit states (issue 42): every rule with bf16 + 24-bit masters and f32.
+    # 4-bit states (issue 42): every rule with bf16 + 24-bit masters (exact
+    # and fast arithmetic) and f32 (exact).
     for rule, cls in classes.items():
         kw = {"momentum": 0.9} if rule.startswith("sgd") else {}
-        for dtype, mwb, mode in ((torch.bfloat16, 24, "bf16_m24"), (torch.float32, None, "f32")):
+        for dtype, mwb, mode, arith in ((torch.bfloat16, 24, "bf16_m24", "exact"),
+                                        (torch.bfloat16, 24, "bf16_m24", "fast"),
+                                        (torch.float32, None, "f32", "exact")):
             p = torch.full((40,), 0.5, dtype=dtype, requires_grad=True)
-            o = cls([p], lr=1e-2, master_weight_bits=mwb, state_bits=4, **kw)
-            assert o.specs() == [f"{rule}_{mode}_4bit"] and o.state_bits == 4 and o.quantize
+            o = cls([p], lr=1e-2, master_weight_bits=mwb, state_bits=4, arithmetic=arith, **kw)
+            suffix = "_fast" if arith == "fast" else ""
+            assert o.specs() == [f"{rule}_{mode}_4bit{suffix}"] and o.state_bits == 4 \
+                and o.quantize
             p.grad = torch.linspace(-1, 1, 40).to(dtype)
             o.step()
             assert bool(torch.isfinite(p).all()) and not bool((p == 0.5).all()), (rule, dtype)
@@ -245,7 +250,7 @@ def test_every_combination_has_a_bundle():
                if (d / "manifest.json").is_file()}
     assert seen <= shipped
     # Every spec of the matrix (specs/generate.py) is reached by some mode.
-    assert len(seen) == 199, sorted(shipped - seen)
+    assert len(seen) == 204, sorted(shipped - seen)
 
 
 def test_state_bits_option_and_quantize():
@@ -292,14 +297,15 @@ def test_state_bits_option_and_quantize():
 
 
 def test_four_bit_combinations_that_do_not_ship_are_missing_bundles():
-    # 4-bit bundles ship for bf16 + 24-bit masters and f32, exact arithmetic,
-    # bounded numerics; the rest is a MissingBundleError naming what is
-    # missing and what ships, and changes nothing.
+    # 4-bit bundles ship for bf16 + 24-bit masters (exact and fast) and f32
+    # (exact), bounded numerics; the rest is a MissingBundleError naming what
+    # is missing and what ships, and changes nothing.
     for dtype, kw, what in (
             (torch.bfloat16, {"master_weight_bits": None}, "master_weight_bits=None"),
             (torch.bfloat16, {"master_weight_bits": 32}, "master_weight_bits=32"),
             (torch.float16, {}, "torch.float16 parameters, master_weight_bits=24"),
-            (torch.bfloat16, {"arithmetic": "fast"}, "arithmetic='fast'"),
+            (torch.float32, {"arithmetic": "fast", "master_weight_bits": None},
+             "arithmetic='fast'"),
             (torch.bfloat16, {"numerics": "flashoptim"}, "numerics='flashoptim'")):
         p = torch.zeros(8, dtype=dtype, requires_grad=True)
         with pytest.raises(flashopt.MissingBundleError) as e:

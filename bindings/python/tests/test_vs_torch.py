@@ -116,17 +116,22 @@ def test_master_weights_beat_plain_bf16():
     assert e[24] < e[None] and e[32] < e[None], e
 
 
-def test_fast_arithmetic_adamw():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_fast_arithmetic_adamw(bits):
     """arithmetic="fast" (docs/NUMERICS.md §7) picks the fast bundle, passes
     numerics.md §8's bf16 thresholds against fp32 AdamW, and stays far closer
-    to the exact mode than either is to fp32 (the updates θ_T − θ_0)."""
+    to the exact mode than either is to fp32 (the updates θ_T − θ_0); with
+    8-bit and with 4-bit states (adamw_bf16_m24_4bit_fast: update NMSE
+    against the exact 4-bit mode ~1e-9 here)."""
     base = make_params(5)
     fast = [p.detach().to(torch.bfloat16).requires_grad_() for p in base]
     exact = [p.detach().to(torch.bfloat16).requires_grad_() for p in base]
     truth = [p.detach().clone().requires_grad_() for p in base]
-    of = flashopt.FlashAdamW(fast, lr=1e-2, weight_decay=0.1, arithmetic="fast")
-    oe = flashopt.FlashAdamW(exact, lr=1e-2, weight_decay=0.1)
-    assert of.specs() == ["adamw_bf16_m24_fast"] and oe.specs() == ["adamw_bf16_m24"]
+    of = flashopt.FlashAdamW(fast, lr=1e-2, weight_decay=0.1, arithmetic="fast",
+                             state_bits=bits)
+    oe = flashopt.FlashAdamW(exact, lr=1e-2, weight_decay=0.1, state_bits=bits)
+    four = "_4bit" if bits == 4 else ""
+    assert of.specs() == [f"adamw_bf16_m24{four}_fast"] and oe.specs() == [f"adamw_bf16_m24{four}"]
     run(of, fast, 30)
     run(oe, exact, 30)
     run(torch.optim.AdamW(truth, lr=1e-2, weight_decay=0.1), truth, 30)
