@@ -305,6 +305,22 @@ driver::emitHostObjectFile(const CompileJob &job, const target::HostCPU &cpu) {
   return target::emitHostObject(**module, cpu);
 }
 
+std::vector<driver::DriverOptions>
+driver::gpuShapeLadder(const DriverOptions &options) {
+  std::vector<DriverOptions> ladder{options};
+  if (options.gpuFullWarpPath && options.gpuSharedBases) {
+    DriverOptions o = ladder.back();
+    o.gpuSharedBases = false;
+    ladder.push_back(o);
+  }
+  if (options.gpuFullWarpPath) {
+    DriverOptions o = ladder.back();
+    o.gpuFullWarpPath = false;
+    ladder.push_back(o);
+  }
+  return ladder;
+}
+
 llvm::Expected<std::string> driver::emitPTXText(const CompileJob &job,
                                                 llvm::StringRef chip,
                                                 const DriverOptions &options) {
@@ -316,6 +332,7 @@ llvm::Expected<std::string> driver::emitPTXText(const CompileJob &job,
   gpu.bytesPerThread = options.gpuBytesPerThread;
   gpu.maxRegisters = options.gpuMaxRegisters;
   gpu.fullWarpPath = options.gpuFullWarpPath;
+  gpu.sharedBases = options.gpuSharedBases;
   gpu.kernelKind = dialectKernelKind(job.kernelKind);
   if (failed(runPasses(*module,
                        [&](OpPassManager &pm) { buildGPUPipeline(pm, gpu); })))
@@ -385,38 +402,32 @@ llvm::Expected<CompileResult> driver::compile(const CompileJob &bundleJob,
         chip = t;
         break;
       }
-    auto ptx = emitPTXText(job, chip, options);
-    if (!ptx)
-      return ptx.takeError();
-    // As a bundle build chooses (Bundles.cpp, buildGpuKernel): without the
-    // full-warp copy of the body where ptxas spills with it.
+    // As a bundle build chooses (Bundles.cpp, buildGpuKernel): down the
+    // shape ladder while ptxas spills (without ptxas, the first shape).
     std::optional<std::string> ptxas;
-    if (options.runPtxas && options.gpuFullWarpPath)
+    if (options.runPtxas)
       ptxas = target::findPtxas();
-    if (ptxas) {
-      auto spills = [&](const std::string &text) -> llvm::Expected<int> {
-        auto a = target::runPtxas(*ptxas, text, chip);
+    std::optional<std::string> best;
+    int bestSpills = 0;
+    for (const DriverOptions &shape : gpuShapeLadder(options)) {
+      auto ptx = emitPTXText(job, chip, shape);
+      if (!ptx)
+        return ptx.takeError();
+      int spills = 0;
+      if (ptxas) {
+        auto a = target::runPtxas(*ptxas, *ptx, chip);
         if (!a)
           return a.takeError();
-        return std::max(0, a->spillStores) + std::max(0, a->spillLoads);
-      };
-      auto first = spills(*ptx);
-      if (!first)
-        return first.takeError();
-      if (*first > 0) {
-        DriverOptions single = options;
-        single.gpuFullWarpPath = false;
-        auto again = emitPTXText(job, chip, single);
-        if (!again)
-          return again.takeError();
-        auto second = spills(*again);
-        if (!second)
-          return second.takeError();
-        if (*second < *first)
-          ptx = std::move(again);
+        spills = std::max(0, a->spillStores) + std::max(0, a->spillLoads);
       }
+      if (!best || spills < bestSpills) {
+        best = std::move(*ptx);
+        bestSpills = spills;
+      }
+      if (!ptxas || bestSpills == 0)
+        break;
     }
-    out << *ptx;
+    out << *best;
     break;
   }
   case EmitStage::Bundle: {

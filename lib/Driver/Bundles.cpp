@@ -222,24 +222,23 @@ buildGpuKernel(const KernelJob &k, const std::string &chip,
     }
     return std::make_pair(std::move(*ptx), std::move(assembled));
   };
-  auto built = build(options);
-  if (!built)
-    return built.takeError();
   auto spills = [](const std::optional<target::PtxasResult> &a) {
     return a ? std::max(0, a->spillStores) + std::max(0, a->spillLoads) : 0;
   };
-  // The unpredicated copy of the body for full warps
-  // (flashopt-to-gpu{full-warp-path}) raises register pressure: where ptxas
-  // spills with it, the kernel is built without it (without ptxas, the PTX
-  // keeps it: nothing says it spills).
-  if (options.gpuFullWarpPath && spills(built->second) > 0) {
-    DriverOptions single = options;
-    single.gpuFullWarpPath = false;
-    auto again = build(single);
-    if (!again)
-      return again.takeError();
-    if (spills(again->second) < spills(built->second))
-      built = std::move(again);
+  // The unpredicated copy of the body for full warps and its shared base
+  // addresses (flashopt-to-gpu{full-warp-path,shared-bases}) raise register
+  // pressure: where ptxas spills, the next shape of the ladder is tried
+  // (without ptxas, the PTX keeps the first: nothing says it spills).
+  std::optional<std::pair<std::string, std::optional<target::PtxasResult>>>
+      built;
+  for (const DriverOptions &shape : gpuShapeLadder(options)) {
+    auto b = build(shape);
+    if (!b)
+      return b.takeError();
+    if (!built || spills(b->second) < spills(built->second))
+      built = std::move(*b);
+    if (!ptxas || spills(built->second) == 0)
+      break;
   }
   std::string &ptx = built->first;
   std::string base = k.symbol + "." + chip;

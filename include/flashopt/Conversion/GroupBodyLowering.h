@@ -85,6 +85,10 @@ struct GroupBodyEnv {
   /// vectors interleaved and deinterleaved (NVPTX scalarizes shuffles of
   /// i8 vectors into byte permutes). The bits are the same.
   bool packedAsWords = false;
+  /// With Predication::None: one `baseAddress` per buffer for the whole body
+  /// (a load and a store of one buffer share it) instead of one per access.
+  /// Fewer loads, one more live pointer per read-write buffer.
+  bool shareBases = false;
   /// Combines a worker's partial maximum with the other workers of its
   /// group (GPU butterfly); null when a worker holds the whole group. The
   /// value is an f32 (float maximum) or, for absolute values, the i32 bits

@@ -81,6 +81,9 @@ struct GPUPipelineOptions {
   /// flashopt-to-gpu{full-warp-path}: the group body also without
   /// predicates, for warps whose lanes all hold full vectors.
   bool fullWarpPath = true;
+  /// flashopt-to-gpu{shared-bases}: in that body, one base-address load per
+  /// buffer.
+  bool sharedBases = true;
 };
 
 /// Adds the flashopt-level rewrites that precede flashopt-to-gpu in

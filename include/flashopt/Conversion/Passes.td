@@ -132,6 +132,9 @@ def FlashOptToGPU : Pass<"flashopt-to-gpu", "::mlir::ModuleOp"> {
            "Emit the group body twice: without predicates when every lane of "
            "the warp holds a full vector (a warp-wide AND, gpu.subgroup_reduce), "
            "with a plain-or-masked choice per access otherwise">,
+    Option<"sharedBases", "shared-bases", "bool", /*default=*/"true",
+           "In the full-warp body: each buffer's base address loaded once "
+           "for the body, not once per access">,
   ];
   let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",
                            "::mlir::vector::VectorDialect", "::mlir::arith::ArithDialect"];

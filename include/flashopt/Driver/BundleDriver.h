@@ -69,9 +69,11 @@ struct DriverOptions {
   /// GPU: every kernel's register cap (0 = 64, or the wide cap flashopt-to-gpu
   /// gives a kernel it widens); for experiments (scripts/device-check.sh).
   int64_t gpuMaxRegisters = 0;
-  /// GPU: flashopt-to-gpu{full-warp-path}. A bundle build whose kernel
-  /// spills with it (ptxas's report) is rebuilt without it.
+  /// GPU: flashopt-to-gpu{full-warp-path} and {shared-bases}. A bundle build
+  /// whose kernel spills (ptxas's report) is rebuilt without shared bases,
+  /// then without the full-warp body.
   bool gpuFullWarpPath = true;
+  bool gpuSharedBases = true;
   /// Assemble cubins with ptxas when it is installed.
   bool runPtxas = true;
   /// Which kernel the single-kernel emit stages (kernel-ir, llvm, obj, ptx)
@@ -156,6 +158,12 @@ llvm::Expected<std::string> emitHostLLVMIRText(const CompileJob &job,
 /// The object file of the CPU kernel of `job` for `cpu`.
 llvm::Expected<std::string> emitHostObjectFile(const CompileJob &job,
                                                const target::HostCPU &cpu);
+
+/// The shapes a GPU build tries, in order, while ptxas reports spills: the
+/// options as given, then without shared base addresses, then without the
+/// full-warp body (flashopt-to-gpu{shared-bases,full-warp-path}); the first
+/// without spills is kept, else the one with the fewest.
+std::vector<DriverOptions> gpuShapeLadder(const DriverOptions &options);
 
 /// The PTX of the GPU kernel of `job` for `chip` (flashopt-gpu-pipeline).
 llvm::Expected<std::string> emitPTXText(const CompileJob &job,

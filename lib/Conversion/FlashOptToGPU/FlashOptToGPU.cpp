@@ -144,8 +144,9 @@ bool carryPrologue(KernelOp kernel) {
 class GpuKernelLowering {
 public:
   GpuKernelLowering(KernelOp kernel, int64_t blockSize, int64_t bytesPerThread,
-                    int64_t maxRegisters, bool fullWarpPath)
+                    int64_t maxRegisters, bool fullWarpPath, bool sharedBases)
       : kernel(kernel), loc(kernel.getLoc()), fullWarpPath(fullWarpPath),
+        sharedBases(sharedBases),
         blockSize(blockSize),
         maxRegisters(maxRegisters), groupSize(kernel.getGroupSize()),
         width(gpuElementsPerThread(kernel, bytesPerThread)),
@@ -505,6 +506,7 @@ private:
           GroupBodyEnv unpredicated = env;
           unpredicated.predication = Predication::None;
           unpredicated.active = Value();
+          unpredicated.shareBases = sharedBases;
           if (failed(emitGroupBody(tb, kernel, unpredicated, mapping)))
             emitted = failure();
           scf::YieldOp::create(tb, l);
@@ -523,7 +525,7 @@ private:
 
   KernelOp kernel;
   Location loc;
-  bool fullWarpPath;
+  bool fullWarpPath, sharedBases;
   int64_t blockSize, maxRegisters, groupSize, width, lanesPerGroup,
       groupsPerWarp, recordWords, numHypers;
   // createFunction
@@ -605,7 +607,8 @@ struct FlashOptToGPUPass
       else
         c = chooseLanes(k, heavyBudget, wideRegisters > 0 ? wideBudget : 0);
       if (failed(GpuKernelLowering(k, blockSize, c.bytes,
-                                   c.wide ? wideRegisters : 0, fullWarpPath)
+                                   c.wide ? wideRegisters : 0, fullWarpPath,
+                                   sharedBases)
                          .run()))
         return signalPassFailure();
     }

@@ -306,8 +306,19 @@ private:
   }
 
   Value base(OpBuilder &ob, Location loc, int64_t buffer) {
+    // Without predication every access is in the body's own block (or, for
+    // a group leader's store, nested below it): one load of each buffer's
+    // base serves them all.
+    if (env.shareBases && env.predication == Predication::None &&
+        ob.getInsertionBlock() == b.getInsertionBlock()) {
+      Value &v = bases[buffer];
+      if (!v)
+        v = env.baseAddress(ob, loc, buffer);
+      return v;
+    }
     return env.baseAddress(ob, loc, buffer);
   }
+  llvm::DenseMap<int64_t, Value> bases;
 
   /// An access as the predication asks: `plain` (every lane valid),
   /// `masked` (per-lane masks), or, per access, both under one test of

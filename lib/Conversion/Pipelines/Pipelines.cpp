@@ -106,6 +106,7 @@ void mlir::flashopt::buildGPUPipeline(OpPassManager &pm,
   toGPU.wideBudget = gpuWideBudget(options.chip);
   toGPU.wideRegisters = gpuWideRegisters(options.chip);
   toGPU.fullWarpPath = options.fullWarpPath;
+  toGPU.sharedBases = options.sharedBases;
   pm.addPass(createFlashOptToGPU(toGPU));
   GpuNVVMAttachTargetOptions attach;
   attach.chip = options.chip;
@@ -159,6 +160,11 @@ struct GPUPipelineCLOptions : public PassPipelineOptions<GPUPipelineCLOptions> {
       llvm::cl::desc("flashopt-to-gpu{full-warp-path}: the group body also "
                      "without predicates, for warps of full vectors"),
       llvm::cl::init(true)};
+  PassOptions::Option<bool> sharedBases{
+      *this, "shared-bases",
+      llvm::cl::desc("flashopt-to-gpu{shared-bases}: one base-address load "
+                     "per buffer in the full-warp body"),
+      llvm::cl::init(true)};
 };
 struct CPUPipelineCLOptions : public PassPipelineOptions<CPUPipelineCLOptions> {
   PassOptions::Option<bool> fma{
@@ -196,6 +202,7 @@ void mlir::flashopt::registerFlashOptPipelines() {
         options.tritonCompat = cl.tritonCompat;
         options.kernelKind = cl.kernelKind;
         options.fullWarpPath = cl.fullWarpPath;
+        options.sharedBases = cl.sharedBases;
         buildGPUPipeline(pm, options);
       });
   PassPipelineRegistration<CPUPipelineCLOptions>(
