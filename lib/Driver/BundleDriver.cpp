@@ -407,27 +407,25 @@ llvm::Expected<CompileResult> driver::compile(const CompileJob &bundleJob,
     std::optional<std::string> ptxas;
     if (options.runPtxas)
       ptxas = target::findPtxas();
-    std::optional<std::string> best;
-    int bestSpills = 0;
-    for (const DriverOptions &shape : gpuShapeLadder(options)) {
-      auto ptx = emitPTXText(job, chip, shape);
-      if (!ptx)
-        return ptx.takeError();
-      int spills = 0;
-      if (ptxas) {
-        auto a = target::runPtxas(*ptxas, *ptx, chip);
-        if (!a)
-          return a.takeError();
-        spills = std::max(0, a->spillStores) + std::max(0, a->spillLoads);
-      }
-      if (!best || spills < bestSpills) {
-        best = std::move(*ptx);
-        bestSpills = spills;
-      }
-      if (!ptxas || bestSpills == 0)
-        break;
-    }
-    out << *best;
+    auto ptx = pickGpuShape<std::string>(
+        options, ptxas.has_value(),
+        [&](const DriverOptions &shape)
+            -> llvm::Expected<std::pair<std::string, int>> {
+          auto text = emitPTXText(job, chip, shape);
+          if (!text)
+            return text.takeError();
+          int spills = 0;
+          if (ptxas) {
+            auto a = target::runPtxas(*ptxas, *text, chip);
+            if (!a)
+              return a.takeError();
+            spills = std::max(0, a->spillStores) + std::max(0, a->spillLoads);
+          }
+          return std::make_pair(std::move(*text), spills);
+        });
+    if (!ptx)
+      return ptx.takeError();
+    out << *ptx;
     break;
   }
   case EmitStage::Bundle: {

@@ -198,48 +198,41 @@ llvm::Expected<abi::KernelEntry>
 buildGpuKernel(const KernelJob &k, const std::string &chip,
                const abi::Manifest &info, const DriverOptions &options,
                const std::optional<std::string> &ptxas, const StagingDir &dir) {
-  // The PTX with the ABI global and, with ptxas, its cubin.
-  auto build = [&](const DriverOptions &opts)
-      -> llvm::Expected<
-          std::pair<std::string, std::optional<target::PtxasResult>>> {
-    auto ptx = emitPTXText(k.job, chip, opts);
-    if (!ptx)
-      return ptx.takeError();
-    size_t header = ptx->find(".address_size");
-    size_t eol = header == std::string::npos ? header : ptx->find('\n', header);
-    if (eol == std::string::npos)
-      return makeError("lowering " + k.job.getName() + " to " + chip +
-                       ": the PTX has no .address_size line");
-    ptx->insert(eol + 1,
-                "\n" + abi::ptx_kernel_abi_global(
-                           k.symbol, abi::kernel_abi_description(info)));
-    std::optional<target::PtxasResult> assembled;
-    if (ptxas) {
-      auto a = target::runPtxas(*ptxas, *ptx, chip);
-      if (!a)
-        return a.takeError();
-      assembled = std::move(*a);
-    }
-    return std::make_pair(std::move(*ptx), std::move(assembled));
-  };
-  auto spills = [](const std::optional<target::PtxasResult> &a) {
-    return a ? std::max(0, a->spillStores) + std::max(0, a->spillLoads) : 0;
-  };
-  // The unpredicated copy of the body for full warps and its shared base
-  // addresses (flashopt-to-gpu{full-warp-path,shared-bases}) raise register
-  // pressure: where ptxas spills, the next shape of the ladder is tried
-  // (without ptxas, the PTX keeps the first: nothing says it spills).
-  std::optional<std::pair<std::string, std::optional<target::PtxasResult>>>
-      built;
-  for (const DriverOptions &shape : gpuShapeLadder(options)) {
-    auto b = build(shape);
-    if (!b)
-      return b.takeError();
-    if (!built || spills(b->second) < spills(built->second))
-      built = std::move(*b);
-    if (!ptxas || spills(built->second) == 0)
-      break;
-  }
+  // The PTX with the ABI global and, with ptxas, its cubin. The unpredicated
+  // copy of the body for full warps and its shared base addresses
+  // (flashopt-to-gpu{full-warp-path,shared-bases}) raise register pressure:
+  // where ptxas spills, the next shape of the ladder is tried (without
+  // ptxas, the PTX keeps the first: nothing says it spills).
+  using Built = std::pair<std::string, std::optional<target::PtxasResult>>;
+  auto built = pickGpuShape<Built>(
+      options, ptxas.has_value(),
+      [&](const DriverOptions &opts) -> llvm::Expected<std::pair<Built, int>> {
+        auto ptx = emitPTXText(k.job, chip, opts);
+        if (!ptx)
+          return ptx.takeError();
+        size_t header = ptx->find(".address_size");
+        size_t eol =
+            header == std::string::npos ? header : ptx->find('\n', header);
+        if (eol == std::string::npos)
+          return makeError("lowering " + k.job.getName() + " to " + chip +
+                           ": the PTX has no .address_size line");
+        ptx->insert(eol + 1,
+                    "\n" + abi::ptx_kernel_abi_global(
+                               k.symbol, abi::kernel_abi_description(info)));
+        std::optional<target::PtxasResult> assembled;
+        int spills = 0;
+        if (ptxas) {
+          auto a = target::runPtxas(*ptxas, *ptx, chip);
+          if (!a)
+            return a.takeError();
+          spills = std::max(0, a->spillStores) + std::max(0, a->spillLoads);
+          assembled = std::move(*a);
+        }
+        return std::make_pair(Built(std::move(*ptx), std::move(assembled)),
+                              spills);
+      });
+  if (!built)
+    return built.takeError();
   std::string &ptx = built->first;
   std::string base = k.symbol + "." + chip;
   if (auto err = writeFile(dir.file(base + ".ptx"), ptx))

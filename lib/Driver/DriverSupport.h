@@ -18,6 +18,9 @@
 
 #include "mlir/Pass/PassManager.h"
 
+#include <optional>
+#include <utility>
+
 namespace flashopt::driver::detail {
 
 /// An error with `message` and no error code.
@@ -33,6 +36,26 @@ mlir::OwningOpRef<mlir::ModuleOp> cloneModule(const CompileJob &job);
 llvm::LogicalResult
 runPasses(mlir::ModuleOp module,
           llvm::function_ref<void(mlir::OpPassManager &)> build);
+
+/// Walks gpuShapeLadder(options): `build(shape)` makes a candidate and
+/// says how many bytes ptxas spilled for it (std::pair<T, int>). The first
+/// candidate without spills is returned, else the one with the fewest;
+/// without ptxas (`assembled` false) the first shape's.
+template <class T, class Build>
+llvm::Expected<T> pickGpuShape(const DriverOptions &options, bool assembled,
+                               Build build) {
+  std::optional<std::pair<T, int>> best;
+  for (const DriverOptions &shape : gpuShapeLadder(options)) {
+    llvm::Expected<std::pair<T, int>> candidate = build(shape);
+    if (!candidate)
+      return candidate.takeError();
+    if (!best || candidate->second < best->second)
+      best = std::move(*candidate);
+    if (!assembled || best->second == 0)
+      break;
+  }
+  return std::move(best->first);
+}
 
 /// Writes `data` to the file `path` (replacing it).
 llvm::Error writeFile(const std::string &path, llvm::StringRef data);
